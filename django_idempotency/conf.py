@@ -1,0 +1,151 @@
+"""Typed, lazy access to the IDEMPOTENCY_* settings, so `override_settings` always applies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from django_idempotency.core.keys import KEY_FORMATS, KeyFormat
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
+
+Mode = Literal["atomic", "lease"]
+OnConflict = Literal["reject", "wait"]
+MODES: tuple[Mode, ...] = ("atomic", "lease")
+ON_CONFLICT: tuple[OnConflict, ...] = ("reject", "wait")
+
+
+def to_timedelta(value: timedelta | float, name: str) -> timedelta:
+    """Durations are a `timedelta` or a number of seconds."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return timedelta(seconds=value)
+    raise ImproperlyConfigured(f"{name} must be a timedelta or a number of seconds, not {value!r}.")
+
+
+def choice(value: str, allowed: tuple[str, ...], name: str) -> str:
+    if value not in allowed:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(allowed)}; got {value!r}.")
+    return value
+
+
+def load_callable(value: str | Callable[..., Any], name: str) -> Callable[..., Any]:
+    if callable(value):
+        return value
+    try:
+        return cast("Callable[..., Any]", import_string(value))
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"{name} = {value!r} cannot be imported: {exc}") from exc
+
+
+class Settings:
+    """Every setting with its default; read on each access, never cached."""
+
+    def _get(self, name: str, default: Any) -> Any:
+        return getattr(django_settings, name, default)
+
+    @property
+    def ENABLED(self) -> bool:
+        return bool(self._get("IDEMPOTENCY_ENABLED", True))
+
+    @property
+    def HEADER(self) -> str:
+        return str(self._get("IDEMPOTENCY_HEADER", "Idempotency-Key"))
+
+    @property
+    def METHODS(self) -> tuple[str, ...]:
+        return tuple(m.upper() for m in self._get("IDEMPOTENCY_METHODS", ("POST", "PATCH")))
+
+    @property
+    def REQUIRED(self) -> bool:
+        return bool(self._get("IDEMPOTENCY_REQUIRED", False))
+
+    @property
+    def TTL(self) -> timedelta:
+        return to_timedelta(self._get("IDEMPOTENCY_TTL", timedelta(hours=24)), "IDEMPOTENCY_TTL")
+
+    @property
+    def MODE(self) -> Mode:
+        return cast(
+            Mode, choice(self._get("IDEMPOTENCY_MODE", "atomic"), MODES, "IDEMPOTENCY_MODE")
+        )
+
+    @property
+    def ON_CONFLICT(self) -> OnConflict:
+        value = self._get("IDEMPOTENCY_ON_CONFLICT", "reject")
+        return cast(OnConflict, choice(value, ON_CONFLICT, "IDEMPOTENCY_ON_CONFLICT"))
+
+    @property
+    def LEASE(self) -> timedelta:
+        return to_timedelta(self._get("IDEMPOTENCY_LEASE", 60), "IDEMPOTENCY_LEASE")
+
+    @property
+    def WAIT_TIMEOUT(self) -> timedelta:
+        return to_timedelta(self._get("IDEMPOTENCY_WAIT_TIMEOUT", 10), "IDEMPOTENCY_WAIT_TIMEOUT")
+
+    @property
+    def NAMESPACE(self) -> str:
+        return str(self._get("IDEMPOTENCY_NAMESPACE", "default"))
+
+    @property
+    def KEY_FORMAT(self) -> KeyFormat | None:
+        value = self._get("IDEMPOTENCY_KEY_FORMAT", None)
+        if value is None:
+            return None
+        return cast(KeyFormat, choice(value, KEY_FORMATS, "IDEMPOTENCY_KEY_FORMAT"))
+
+    @property
+    def OWNER_RESOLVER(self) -> Callable[[HttpRequest], str]:
+        value = self._get(
+            "IDEMPOTENCY_OWNER_RESOLVER", "django_idempotency.http.owners.authenticated_user"
+        )
+        return load_callable(value, "IDEMPOTENCY_OWNER_RESOLVER")
+
+    @property
+    def FINGERPRINT(self) -> Callable[[HttpRequest], str]:
+        value = self._get(
+            "IDEMPOTENCY_FINGERPRINT", "django_idempotency.http.requests.request_fingerprint"
+        )
+        return load_callable(value, "IDEMPOTENCY_FINGERPRINT")
+
+    @property
+    def FINGERPRINT_IGNORE_FIELDS(self) -> Collection[str]:
+        return frozenset(self._get("IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS", ()))
+
+    @property
+    def STORED_CLIENT_ERRORS(self) -> Collection[int]:
+        return frozenset(self._get("IDEMPOTENCY_STORED_CLIENT_ERRORS", (402,)))
+
+    @property
+    def STORE_SERVER_ERRORS(self) -> bool:
+        return bool(self._get("IDEMPOTENCY_STORE_SERVER_ERRORS", False))
+
+    @property
+    def STORE(self) -> str:
+        return str(
+            self._get("IDEMPOTENCY_STORE", "django_idempotency.stores.database.DatabaseStore")
+        )
+
+    @property
+    def DATABASE(self) -> str | None:
+        value = self._get("IDEMPOTENCY_DATABASE", None)
+        return None if value is None else str(value)
+
+    @property
+    def PROBLEM_BASE_URL(self) -> str:
+        return str(
+            self._get(
+                "IDEMPOTENCY_PROBLEM_BASE_URL",
+                "https://github.com/django-idempotency/django-idempotency/blob/main/docs/errors.md#",
+            )
+        )
+
+
+conf = Settings()

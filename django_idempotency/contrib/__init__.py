@@ -1,0 +1,1 @@
+"""Optional integrations, each importing its framework only when used."""

@@ -1,0 +1,40 @@
+"""`IdempotencyMixin`: guard DRF handlers, after authentication, permissions and throttles."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from django_idempotency.conf import Mode, OnConflict, conf
+from django_idempotency.decorators import idempotent
+
+
+class IdempotencyMixin:
+    """Put before the DRF base class: ``class PaymentViewSet(IdempotencyMixin, ModelViewSet)``.
+
+    Each attribute left at None uses its ``IDEMPOTENCY_*`` setting. An action decorated with
+    ``@idempotent(...)`` keeps its own options and is guarded whatever its method.
+    """
+
+    idempotent_methods: Sequence[str] | None = None
+    idempotency_required: bool | None = None
+    idempotency_ttl: timedelta | float | None = None
+    idempotency_mode: Mode | None = None
+    idempotency_on_conflict: OnConflict | None = None
+    idempotency_namespace: str | None = None
+
+    def get_idempotent_methods(self) -> frozenset[str]:
+        methods = self.idempotent_methods
+        return frozenset(m.upper() for m in (conf.METHODS if methods is None else methods))
+
+    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        # Authentication, permissions and throttles run first: a replay never skips them.
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        name = request.method.lower()
+        handler = getattr(self, name, None) if name in self.http_method_names else None  # type: ignore[attr-defined]
+        if handler is None or hasattr(handler, "idempotency_options"):
+            return  # Unmapped (DRF answers 405) or guarded by its own decorator.
+        if request.method in self.get_idempotent_methods():
+            # Shadow the handler on this instance only; dispatch() looks it up right after.
+            setattr(self, name, idempotent(handler))

@@ -1,0 +1,1 @@
+"""Framework-free heart of django-idempotency: keys, fingerprints and the claim state machine."""

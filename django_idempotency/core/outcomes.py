@@ -1,0 +1,74 @@
+"""The claim state machine: what a stored record means for a request that brings the same key."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+class Outcome(enum.Enum):
+    """What `begin` decided for a request."""
+
+    FRESH = "fresh"  # This request owns the key now: run the work.
+    REPLAY = "replay"  # A completed result exists for the same request: return it.
+    IN_PROGRESS = "in_progress"  # Another request holds the key right now.
+    MISMATCH = "mismatch"  # The key was used for a different request.
+
+
+class Status(str, enum.Enum):
+    """The life cycle of a stored record."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """What is kept of a completed request, enough to replay it byte for byte."""
+
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where a key lives: keys of different namespaces or owners never meet."""
+
+    namespace: str
+    owner: str
+    key: str
+
+
+@dataclass
+class Claim:
+    """The answer of `begin`: the outcome, and what the caller needs to finish or replay."""
+
+    outcome: Outcome
+    record_id: int | None = None
+    lease_token: str | None = None
+    response: StoredResponse | None = None
+    lease_expires_at: datetime | None = None
+
+
+def classify(
+    *,
+    status: str,
+    stored_fingerprint: str,
+    fingerprint: str,
+    expires_at: datetime,
+    now: datetime,
+) -> Outcome:
+    """Decide what an existing record means for a new request with the same scope and key.
+
+    Expired records and stale leases are taken over by the store itself; one still seen here was
+    taken over by a concurrent request a moment ago, so it counts as in progress.
+    """
+    if expires_at <= now:
+        return Outcome.IN_PROGRESS
+    if stored_fingerprint != fingerprint:
+        return Outcome.MISMATCH
+    if status == Status.COMPLETED:
+        return Outcome.REPLAY
+    return Outcome.IN_PROGRESS

@@ -1,0 +1,125 @@
+"""`@idempotent`: the same guard on function views, view methods, DRF handlers, sync or async."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http.response import HttpResponseBase
+
+from django_idempotency.conf import Mode, OnConflict
+from django_idempotency.http import guard
+from django_idempotency.http.options import Options
+from django_idempotency.http.requests import is_request
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+@overload
+def idempotent(view: View, /) -> View: ...
+
+
+@overload
+def idempotent(
+    *,
+    required: bool | None = None,
+    ttl: timedelta | float | None = None,
+    mode: Mode | None = None,
+    on_conflict: OnConflict | None = None,
+    namespace: str | None = None,
+    header: str | None = None,
+) -> Callable[[View], View]: ...
+
+
+def idempotent(
+    view: Any = None,
+    /,
+    *,
+    required: bool | None = None,
+    ttl: timedelta | float | None = None,
+    mode: Mode | None = None,
+    on_conflict: OnConflict | None = None,
+    namespace: str | None = None,
+    header: str | None = None,
+) -> Any:
+    """Run the view once per idempotency key; replay its stored response to every retry.
+
+    Guards every unsafe method that reaches the view. Options left out come from the view's
+    ``idempotency_*`` attributes (see `IdempotencyMixin`), then from the ``IDEMPOTENCY_*``
+    settings. ``header`` reads the key from another header, e.g. ``webhook-id``.
+    """
+    options = Options(
+        required=required,
+        ttl=ttl,
+        mode=mode,
+        on_conflict=on_conflict,
+        namespace=namespace,
+        header=header,
+    )
+
+    def decorate(func: View) -> View:
+        if hasattr(func, "cls") or hasattr(func, "view_class"):
+            raise ImproperlyConfigured(
+                f"@idempotent was applied to {func.__name__}, a view built by as_view() or "
+                "@api_view: place it below @api_view, or on the handler method, so it runs "
+                "after authentication, permission and throttle checks."
+            )
+        wrapper: Callable[..., Any]
+        if inspect.iscoroutinefunction(func):
+
+            async def wrapper(*args: Any, **kwargs: Any) -> HttpResponseBase:
+                _, request = _view_and_request(args)
+                return await guard.run_async(lambda: func(*args, **kwargs), request, options)
+
+        else:
+
+            def wrapper(*args: Any, **kwargs: Any) -> HttpResponseBase:
+                view_instance, request = _view_and_request(args)
+                return guard.run(
+                    lambda: func(*args, **kwargs),
+                    request,
+                    options,
+                    view_instance,
+                    _drf_finalizer(view_instance, request, args, kwargs),
+                )
+
+        functools.update_wrapper(wrapper, func)
+        wrapper.idempotency_options = options  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate(view) if view is not None else decorate
+
+
+def _view_and_request(args: tuple[Any, ...]) -> tuple[Any, Any]:
+    """Function views get (request, ...); methods get (self, request, ...)."""
+    if args and is_request(args[0]):
+        request = args[0]
+        # A DRF handler knows its view through the request, e.g. an @api_view function.
+        context = getattr(request, "parser_context", None) or {}
+        return context.get("view"), request
+    if len(args) >= 2 and is_request(args[1]):
+        return args[0], args[1]
+    raise ImproperlyConfigured(
+        "@idempotent must decorate a view: a callable taking the request first, or a view "
+        "method taking (self, request)."
+    )
+
+
+def _drf_finalizer(
+    view: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> guard.Finalize | None:
+    """DRF renders in finalize_response, after the handler: do it early to store the bytes."""
+    finalize_response = getattr(view, "finalize_response", None)
+    if finalize_response is None or not hasattr(request, "accepted_renderer"):
+        return None
+    url_args = args[1:] if args and args[0] is view else args
+    url_args = url_args[1:]  # Drop the request itself.
+
+    def finalize(response: HttpResponseBase) -> HttpResponseBase:
+        return finalize_response(request, response, *url_args, **kwargs)  # type: ignore[no-any-return]
+
+    return finalize

@@ -1,0 +1,1 @@
+"""The Django adapter: read requests, guard views, capture and replay responses."""

@@ -1,0 +1,71 @@
+"""Per-view options: decorator arguments, then the view's class attributes, then settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, cast
+
+from django_idempotency.conf import MODES, ON_CONFLICT, Mode, OnConflict, choice, conf, to_timedelta
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a decorator or view asked for; None means "inherit"."""
+
+    required: bool | None = None
+    ttl: timedelta | float | None = None
+    mode: Mode | None = None
+    on_conflict: OnConflict | None = None
+    namespace: str | None = None
+    header: str | None = None
+
+    def __post_init__(self) -> None:
+        # Fail at import time for a typo in a decorator, not on the first request.
+        if self.mode is not None:
+            choice(self.mode, MODES, "mode")
+        if self.on_conflict is not None:
+            choice(self.on_conflict, ON_CONFLICT, "on_conflict")
+        if self.ttl is not None:
+            to_timedelta(self.ttl, "ttl")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The options in force for one request."""
+
+    required: bool
+    ttl: timedelta
+    mode: Mode
+    on_conflict: OnConflict
+    namespace: str
+    header: str
+
+
+def resolve(options: Options, view: Any) -> Resolved:
+    def pick(name: str, attribute: str) -> Any:
+        value = getattr(options, name)
+        if value is None and view is not None:
+            value = getattr(view, attribute, None)
+        return value
+
+    ttl = pick("ttl", "idempotency_ttl")
+    return Resolved(
+        required=_or(pick("required", "idempotency_required"), conf.REQUIRED),
+        ttl=conf.TTL if ttl is None else to_timedelta(ttl, "idempotency_ttl"),
+        mode=cast(Mode, choice(_or(pick("mode", "idempotency_mode"), conf.MODE), MODES, "mode")),
+        on_conflict=cast(
+            OnConflict,
+            choice(
+                _or(pick("on_conflict", "idempotency_on_conflict"), conf.ON_CONFLICT),
+                ON_CONFLICT,
+                "on_conflict",
+            ),
+        ),
+        namespace=_or(pick("namespace", "idempotency_namespace"), conf.NAMESPACE),
+        header=_or(pick("header", "idempotency_header"), conf.HEADER),
+    )
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value

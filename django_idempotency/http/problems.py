@@ -1,0 +1,54 @@
+"""RFC 9457 problem+json responses, one stable type per kind of error."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from django.http import HttpResponse
+
+from django_idempotency.conf import conf
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+
+@dataclass(frozen=True)
+class ProblemKind:
+    slug: str
+    status: int
+    title: str
+
+
+MISSING_KEY = ProblemKind("missing-key", 400, "Idempotency key missing")
+INVALID_KEY = ProblemKind("invalid-key", 400, "Idempotency key invalid")
+MALFORMED_REQUEST = ProblemKind("malformed-request", 400, "Request body unreadable")
+REQUEST_TOO_LARGE = ProblemKind("request-too-large", 413, "Request body too large")
+IN_PROGRESS = ProblemKind("request-in-progress", 409, "Request in progress")
+KEY_REUSED = ProblemKind("key-reused", 422, "Idempotency key reused for a different request")
+STORE_UNAVAILABLE = ProblemKind("store-unavailable", 503, "Idempotency store unavailable")
+
+ALL_KINDS = (
+    MISSING_KEY,
+    INVALID_KEY,
+    MALFORMED_REQUEST,
+    REQUEST_TOO_LARGE,
+    IN_PROGRESS,
+    KEY_REUSED,
+    STORE_UNAVAILABLE,
+)
+
+
+def problem_response(
+    kind: ProblemKind, detail: str, *, retry_after: int | None = None
+) -> HttpResponse:
+    """A problem+json response; the body never carries stored requests or responses."""
+    body = {
+        "type": conf.PROBLEM_BASE_URL + kind.slug,
+        "title": kind.title,
+        "status": kind.status,
+        "detail": detail,
+    }
+    response = HttpResponse(json.dumps(body), status=kind.status, content_type=PROBLEM_CONTENT_TYPE)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response

@@ -1,0 +1,77 @@
+"""The stored record of one idempotency key: its claim, and once completed, its response."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from django_idempotency.core.outcomes import Status
+
+
+class IdempotencyRecord(models.Model):
+    class Status(models.TextChoices):
+        IN_PROGRESS = Status.IN_PROGRESS.value, _("in progress")
+        COMPLETED = Status.COMPLETED.value, _("completed")
+
+    id = models.BigAutoField(primary_key=True)
+    namespace = models.CharField(
+        _("namespace"), max_length=100, help_text=_("Keyspace of the view or function.")
+    )
+    owner = models.CharField(
+        _("owner"),
+        max_length=255,
+        blank=True,
+        help_text=_("Who sent the key (the user by default); empty for anonymous requests."),
+    )
+    key = models.CharField(_("key"), max_length=255, help_text=_("The client's idempotency key."))
+    fingerprint = models.CharField(
+        _("fingerprint"),
+        max_length=64,
+        help_text=_("SHA-256 of the method, path with query and canonical body."),
+    )
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices)
+    method = models.CharField(_("method"), max_length=16, blank=True)
+    path = models.TextField(_("path"), blank=True, help_text=_("Path with query string."))
+    response_status = models.PositiveSmallIntegerField(_("response status"), null=True, blank=True)
+    response_headers = models.JSONField(
+        _("response headers"), default=list, blank=True, help_text=_("[name, value] pairs.")
+    )
+    response_body = models.BinaryField(_("response body"), null=True, blank=True)
+    lease_token = models.CharField(
+        _("lease token"),
+        max_length=32,
+        blank=True,
+        help_text=_("Identifies the request holding the claim; completion must present it."),
+    )
+    lease_expires_at = models.DateTimeField(
+        _("lease expires at"),
+        null=True,
+        blank=True,
+        help_text=_("After this, another request may take over an in-progress claim."),
+    )
+    created_at = models.DateTimeField(_("created at"))
+    completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
+    expires_at = models.DateTimeField(
+        _("expires at"), help_text=_("After this, the key starts a new request.")
+    )
+
+    class Meta:
+        db_table = "django_idempotency_record"
+        verbose_name = _("idempotency record")
+        verbose_name_plural = _("idempotency records")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["namespace", "owner", "key"], name="idempotency_record_scope_key_uniq"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["expires_at"], name="idempotency_expires_idx"),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="idempotency_in_progress_idx",
+                condition=models.Q(status="in_progress"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}:{self.key}"

@@ -1,0 +1,26 @@
+"""Record stores: where claims and stored responses live, chosen by IDEMPOTENCY_STORE."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from django_idempotency.conf import conf, load_callable
+from django_idempotency.stores.base import BaseStore, ClaimRequest, StoreUnavailable
+
+__all__ = ["BaseStore", "ClaimRequest", "StoreUnavailable", "get_store"]
+
+
+def get_store() -> BaseStore:
+    """The configured store; one instance per dotted path, so requests pay no import cost."""
+    return _store_for(conf.STORE)
+
+
+@lru_cache(maxsize=8)
+def _store_for(dotted_path: str) -> BaseStore:
+    store_class = load_callable(dotted_path, "IDEMPOTENCY_STORE")
+    store = store_class()
+    if not isinstance(store, BaseStore):
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"IDEMPOTENCY_STORE = {dotted_path!r} is not a BaseStore.")
+    return store

@@ -1,0 +1,291 @@
+"""The default store: records in the project's database, claims enforced by its unique index."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+from django.db import (
+    InterfaceError,
+    NotSupportedError,
+    OperationalError,
+    connections,
+    router,
+    transaction,
+)
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency.conf import conf
+from django_idempotency.core.outcomes import Claim, Outcome, Status, StoredResponse, classify
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores.base import BaseStore, ClaimRequest, StoreUnavailable
+
+_COLUMNS = (
+    "id",
+    "namespace",
+    "owner",
+    "key",
+    "fingerprint",
+    "status",
+    "method",
+    "path",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "lease_token",
+    "lease_expires_at",
+    "created_at",
+    "completed_at",
+    "expires_at",
+)
+# The columns a claim writes, in the order of `_claim_params`.
+_INSERTED = (
+    "namespace",
+    "owner",
+    "key",
+    "fingerprint",
+    "status",
+    "method",
+    "path",
+    "response_headers",
+    "lease_token",
+    "lease_expires_at",
+    "created_at",
+    "expires_at",
+)
+_UNREACHABLE = (OperationalError, InterfaceError)
+
+
+class DatabaseStore(BaseStore):
+    """Claims are one INSERT … ON CONFLICT statement; a replay is that same single statement.
+
+    On PostgreSQL the statement first tries a transaction-scoped advisory lock on the key: a
+    duplicate that arrives while the first request's transaction is still open learns at once
+    that the key is busy, instead of queueing behind the uncommitted row.
+    """
+
+    supports_atomic = True
+
+    @property
+    def alias(self) -> str:
+        return conf.DATABASE or router.db_for_write(IdempotencyRecord)
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper:
+        return connections[self.alias]
+
+    def begin(self, request: ClaimRequest) -> Claim:
+        connection = self.connection
+        token = uuid.uuid4().hex
+        try:
+            sql, params = self._claim_statement(connection, request, token)
+            rows = list(IdempotencyRecord.objects.using(self.alias).raw(sql, params))
+            if not rows:
+                # The row was committed between our snapshot and our insert: look again.
+                rows = list(
+                    IdempotencyRecord.objects.using(self.alias).filter(
+                        namespace=request.scope.namespace,
+                        owner=request.scope.owner,
+                        key=request.scope.key,
+                    )
+                )
+        except _UNREACHABLE as exc:
+            if _is_sqlite_busy(connection, exc):
+                return Claim(Outcome.IN_PROGRESS)  # SQLite's single writer is busy elsewhere.
+            raise StoreUnavailable(str(exc)) from exc
+        if not rows:
+            return Claim(Outcome.IN_PROGRESS)
+        record = rows[0]
+        if getattr(record, "claimed", False):
+            return Claim(
+                Outcome.FRESH,
+                record_id=record.pk,
+                lease_token=token,
+                lease_expires_at=record.lease_expires_at,
+            )
+        outcome = classify(
+            status=record.status,
+            stored_fingerprint=record.fingerprint,
+            fingerprint=request.fingerprint,
+            expires_at=record.expires_at,
+            now=request.now,
+        )
+        if outcome is Outcome.REPLAY:
+            return Claim(outcome, record_id=record.pk, response=_stored_response(record))
+        return Claim(outcome, record_id=record.pk, lease_expires_at=record.lease_expires_at)
+
+    def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
+        with _reachable():
+            updated = self._own(claim).update(
+                status=Status.COMPLETED.value,
+                response_status=response.status,
+                response_headers=[list(pair) for pair in response.headers],
+                response_body=response.body,
+                completed_at=now,
+                lease_expires_at=None,
+            )
+        return updated == 1
+
+    def release(self, claim: Claim) -> bool:
+        with _reachable():
+            deleted, _ = self._own(claim).delete()
+        return deleted == 1
+
+    def purge(self, now: datetime, *, batch_size: int = 1000, namespace: str | None = None) -> int:
+        from django.db.models import Q
+
+        expired = Q(expires_at__lte=now) | Q(status=Status.IN_PROGRESS, lease_expires_at__lte=now)
+        records = IdempotencyRecord.objects.using(self.alias).filter(expired)
+        if namespace is not None:
+            records = records.filter(namespace=namespace)
+        total = 0
+        while True:
+            # Short batches, each its own transaction, so live claims never wait long on a purge.
+            with transaction.atomic(using=self.alias):
+                batch = list(records.values_list("pk", flat=True)[:batch_size])
+                if not batch:
+                    return total
+                deleted, _ = (
+                    IdempotencyRecord.objects.using(self.alias).filter(pk__in=batch).delete()
+                )
+            total += deleted
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        connection = self.connection
+        with _reachable():
+            connection.ensure_connection()
+            # Inside ATOMIC_REQUESTS (or any caller's transaction) the claim shares that
+            # transaction instead of adding a savepoint: two statements fewer, same fate.
+            with transaction.atomic(using=self.alias, savepoint=not connection.in_atomic_block):
+                yield
+
+    def discard(self) -> None:
+        transaction.set_rollback(True, using=self.alias)
+
+    def _own(self, claim: Claim) -> Any:
+        return IdempotencyRecord.objects.using(self.alias).filter(
+            pk=claim.record_id, lease_token=claim.lease_token
+        )
+
+    def _claim_statement(
+        self, connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
+    ) -> tuple[str, list[Any]]:
+        params = self._claim_params(connection, request, token)
+        scope = request.scope
+        if connection.vendor == "postgresql":
+            return self._sql["postgresql"], [
+                _lock_id(scope.namespace, scope.owner, scope.key),
+                *params,
+                scope.namespace,
+                scope.owner,
+                scope.key,
+            ]
+        if connection.vendor == "sqlite":
+            return self._sql["sqlite"], params
+        raise NotSupportedError(
+            f"DatabaseStore supports PostgreSQL and SQLite, not {connection.vendor}; "
+            "set IDEMPOTENCY_DATABASE to one of those."
+        )
+
+    @staticmethod
+    def _claim_params(
+        connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
+    ) -> list[Any]:
+        ops = connection.ops
+        lease_expires_at = request.now + request.lease if request.lease is not None else None
+        return [
+            request.scope.namespace,
+            request.scope.owner,
+            request.scope.key,
+            request.fingerprint,
+            Status.IN_PROGRESS.value,
+            request.method,
+            request.path,
+            ops.adapt_json_value([], None),
+            token,
+            ops.adapt_datetimefield_value(lease_expires_at),
+            ops.adapt_datetimefield_value(request.now),
+            ops.adapt_datetimefield_value(request.now + request.ttl),
+        ]
+
+    @cached_property
+    def _sql(self) -> dict[str, str]:
+        return {"postgresql": _postgresql_claim_sql(), "sqlite": _sqlite_claim_sql()}
+
+
+@contextlib.contextmanager
+def _reachable() -> Iterator[None]:
+    """Turn a lost database into `StoreUnavailable`, which the views answer with a 503."""
+    try:
+        yield
+    except _UNREACHABLE as exc:
+        raise StoreUnavailable(str(exc)) from exc
+
+
+def _is_sqlite_busy(connection: BaseDatabaseWrapper, exc: Exception) -> bool:
+    return connection.vendor == "sqlite" and "locked" in str(exc)
+
+
+def _lock_id(namespace: str, owner: str, key: str) -> int:
+    """A signed 64-bit advisory lock id for the scope; collisions only cost a spurious 409."""
+    digest = hashlib.sha256("\x00".join((namespace, owner, key)).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _stored_response(record: IdempotencyRecord) -> StoredResponse:
+    return StoredResponse(
+        status=record.response_status or 200,
+        headers=[(str(name), str(value)) for name, value in record.response_headers],
+        body=bytes(record.response_body or b""),
+    )
+
+
+def _q(name: str) -> str:
+    return f'"{name}"'
+
+
+def _upsert_tail(table: str) -> str:
+    """ON CONFLICT clause shared by both dialects: take over only expired or abandoned claims."""
+    assignments = ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in _INSERTED[3:])
+    return (
+        f"ON CONFLICT ({_q('namespace')}, {_q('owner')}, {_q('key')}) DO UPDATE SET {assignments}, "
+        f"{_q('response_status')} = NULL, {_q('response_body')} = NULL, "
+        f"{_q('completed_at')} = NULL "
+        f"WHERE {table}.{_q('expires_at')} <= excluded.{_q('created_at')} "
+        f"OR ({table}.{_q('status')} = '{Status.IN_PROGRESS.value}' "
+        f"AND {table}.{_q('lease_expires_at')} <= excluded.{_q('created_at')})"
+    )
+
+
+def _postgresql_claim_sql() -> str:
+    table = _q(IdempotencyRecord._meta.db_table)
+    columns = ", ".join(_q(c) for c in _COLUMNS)
+    casts = {"response_headers": "::jsonb", "lease_expires_at": "::timestamptz"}
+    casts |= {"created_at": "::timestamptz", "expires_at": "::timestamptz"}
+    values = ", ".join(f"%s{casts.get(c, '')}" for c in _INSERTED)
+    return (
+        f"WITH lock AS (SELECT pg_try_advisory_xact_lock(%s) AS acquired), "
+        f"claimed AS (INSERT INTO {table} ({', '.join(_q(c) for c in _INSERTED)}) "
+        f"SELECT {values} FROM lock WHERE lock.acquired {_upsert_tail(table)} "
+        f"RETURNING {columns}) "
+        f"SELECT {columns}, TRUE AS claimed FROM claimed "
+        f"UNION ALL SELECT {columns}, FALSE AS claimed FROM {table} "
+        f"WHERE {_q('namespace')} = %s AND {_q('owner')} = %s AND {_q('key')} = %s "
+        f"AND NOT EXISTS (SELECT 1 FROM claimed)"
+    )
+
+
+def _sqlite_claim_sql() -> str:
+    table = _q(IdempotencyRecord._meta.db_table)
+    columns = ", ".join(_q(c) for c in _COLUMNS)
+    values = ", ".join("%s" for _ in _INSERTED)
+    return (
+        f"INSERT INTO {table} ({', '.join(_q(c) for c in _INSERTED)}) VALUES ({values}) "
+        f"{_upsert_tail(table)} RETURNING {columns}, 1 AS claimed"
+    )

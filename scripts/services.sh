@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Start (or stop) the throw-away PostgreSQL the test suite runs against, on loopback only.
+# Usage: source scripts/services.sh; start_postgres; ... ; stop_postgres
+set -euo pipefail
+
+SERVICES_DIR="${SERVICES_DIR:-$(pwd)/.services}"
+PG_PORT="${PG_PORT:-54329}"
+PG_DATA="$SERVICES_DIR/postgres"
+
+# initdb refuses to run as root: run the cluster as the system "postgres" user when we are root.
+_as_pg_user() {
+  if [ "$(id -u)" = "0" ]; then
+    su postgres -s /bin/bash -c "$*"
+  else
+    bash -c "$*"
+  fi
+}
+
+start_postgres() {
+  command -v initdb >/dev/null || { echo "initdb not found on PATH: install PostgreSQL" >&2; return 1; }
+  mkdir -p "$SERVICES_DIR"
+  if [ "$(id -u)" = "0" ]; then chown postgres "$SERVICES_DIR"; chmod 755 "$SERVICES_DIR"; fi
+  if [ ! -f "$PG_DATA/PG_VERSION" ]; then
+    _as_pg_user "initdb -D '$PG_DATA' -U postgres --auth=trust -E UTF8 >'$SERVICES_DIR/initdb.log' 2>&1"
+  fi
+  if ! _as_pg_user "pg_ctl -D '$PG_DATA' status" >/dev/null 2>&1; then
+    _as_pg_user "pg_ctl -D '$PG_DATA' -l '$SERVICES_DIR/postgres.log' -w -t 60 start \
+      -o \"-c listen_addresses=127.0.0.1 -c port=$PG_PORT -c unix_socket_directories='$PG_DATA' \
+          -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off\"" >/dev/null
+  fi
+  export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/idempotency"
+  echo "PostgreSQL ready on 127.0.0.1:$PG_PORT"
+}
+
+stop_postgres() {
+  if [ -f "$PG_DATA/PG_VERSION" ]; then
+    _as_pg_user "pg_ctl -D '$PG_DATA' -m fast -w stop" >/dev/null 2>&1 || true
+  fi
+}

@@ -1,0 +1,1 @@
+"""A small payments API that shows django-idempotency at work."""

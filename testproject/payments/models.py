@@ -1,0 +1,24 @@
+"""Payments and refunds: the side effects a retried request must not repeat."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Payment(models.Model):
+    amount = models.PositiveIntegerField(help_text="Amount in the currency's minor unit.")
+    currency = models.CharField(max_length=3, default="EUR")
+    description = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.amount} {self.currency}"
+
+
+class Refund(models.Model):
+    payment = models.ForeignKey(Payment, on_delete=models.CASCADE, related_name="refunds")
+    amount = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"refund of {self.amount} on payment {self.payment_id}"

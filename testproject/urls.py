@@ -1,0 +1,18 @@
+"""Demo routes: the payments API and the admin."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from testproject.payments import views
+
+router = DefaultRouter()
+router.register("payments", views.PaymentViewSet, basename="payment")
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/refunds/", views.create_refund, name="refund-create"),
+    path("api/", include(router.urls)),
+]

@@ -1,0 +1,8 @@
+"""WSGI entry point for serving the demo project (e.g. with gunicorn)."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+application = get_wsgi_application()

@@ -1,0 +1,47 @@
+"""Test settings: SQLite by default, PostgreSQL when DATABASE_URL is set."""
+
+from __future__ import annotations
+
+import os
+
+import dj_database_url
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "rest_framework",
+    "django_idempotency",
+    "tests",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+]
+
+DATABASES = {
+    # An empty DATABASE_URL (tox's SQLite envs) means SQLite too.
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL") or "sqlite:///test-idempotency.sqlite3"
+    ),
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # A file, not memory: connections can then be closed, reopened and shared across threads.
+    DATABASES["default"]["TEST"] = {"NAME": "test-idempotency-run.sqlite3"}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+IDEMPOTENCY_WAIT_TIMEOUT = 5

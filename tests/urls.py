@@ -1,0 +1,23 @@
+"""Routes for every view shape the tests exercise."""
+
+from __future__ import annotations
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from tests import views
+
+router = SimpleRouter(trailing_slash=True)
+router.register("viewset/charges", views.ChargeViewSet, basename="charges")
+router.register("private/charges", views.PrivateChargeViewSet, basename="private-charges")
+
+urlpatterns = [
+    path("function/charges/", views.function_view),
+    path("cbv/charges/", views.ClassView.as_view()),
+    path("api-view/charges/", views.drf_function_view),
+    path("apiview/charges/", views.DrfAPIView.as_view()),
+    path("async/charges/", views.async_view),
+    path("binary/", views.binary_view),
+    path("streaming/", views.streaming_view),
+    *router.urls,
+]

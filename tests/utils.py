@@ -1,0 +1,62 @@
+"""Helpers shared by the tests: the view shapes under test and a JSON POST shortcut."""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+from django.test import Client
+from django.test.client import AsyncClient
+
+from django_idempotency.core.fingerprint import canonical_json, fingerprint
+
+
+class ViewKind(enum.Enum):
+    """Every view shape `@idempotent` supports, with its URL and namespace."""
+
+    FUNCTION = ("/function/charges/", "default")
+    CLASS_BASED = ("/cbv/charges/", "default")
+    DRF_API_VIEW = ("/api-view/charges/", "default")
+    DRF_APIVIEW = ("/apiview/charges/", "default")
+    VIEWSET_MIXIN = ("/viewset/charges/", "default")
+    VIEWSET_ACTION = ("/viewset/charges/refund/", "refunds")
+    ASYNC_FUNCTION = ("/async/charges/", "default")
+
+    @property
+    def url(self) -> str:
+        return self.value[0]
+
+    @property
+    def namespace(self) -> str:
+        return self.value[1]
+
+
+def post(
+    client: Client | AsyncClient,
+    url: str,
+    body: dict[str, Any] | None = None,
+    key: str | None = "key-1",
+    **headers: str,
+) -> Any:
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    return client.post(
+        url, json.dumps(body or {"amount": 10}), content_type="application/json", headers=headers
+    )
+
+
+def fingerprint_of(url: str, body: dict[str, Any], method: str = "POST") -> str:
+    """The fingerprint the default IDEMPOTENCY_FINGERPRINT gives a JSON request."""
+    return fingerprint(method, url, canonical_json(body))
+
+
+def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    problem = json.loads(response.content)
+    assert set(problem) == {"type", "title", "status", "detail"}
+    assert problem["status"] == status
+    assert problem["type"].endswith("#" + slug)
+    assert problem["detail"]
+    return problem  # type: ignore[no-any-return]

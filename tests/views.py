@@ -1,0 +1,145 @@
+"""One charge-creating endpoint in every shape of view `@idempotent` supports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views import View
+from rest_framework import permissions, viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency import idempotent
+from django_idempotency.contrib.rest_framework import IdempotencyMixin
+from tests.models import Charge
+
+
+def _payload(request: Any) -> dict[str, Any]:
+    if isinstance(request, Request):
+        return dict(request.data)
+    try:
+        return json.loads(request.body or b"{}")  # type: ignore[no-any-return]
+    except ValueError:
+        return dict(request.POST.items())
+
+
+def charge(data: dict[str, Any], reference: str) -> tuple[int, dict[str, Any]]:
+    """Create a charge, or act out the failure the test asked for in the body."""
+    if data.get("sleep"):
+        time.sleep(float(data["sleep"]))
+    outcome = data.get("outcome", "created")
+    if outcome == "invalid":
+        return 400, {"error": "invalid amount"}
+    created = Charge.objects.create(reference=reference, amount=int(data.get("amount", 0)))
+    if outcome == "raise":
+        raise RuntimeError("the view crashed after writing")
+    if outcome == "declined":
+        return 402, {"id": created.pk, "declined": True}
+    if outcome == "server-error":
+        return 500, {"error": "upstream failed"}
+    return 201, {"id": created.pk, "amount": created.amount}
+
+
+def _reference(request: Any) -> str:
+    return str(request.headers.get("Idempotency-Key", ""))
+
+
+def _django_response(status: int, body: dict[str, Any]) -> HttpResponse:
+    response = JsonResponse(body, status=status)
+    if status == 201:
+        response["Location"] = f"/charges/{body['id']}"
+        response.set_cookie("session-hint", "secret")
+    return response
+
+
+def _drf_response(status: int, body: dict[str, Any]) -> Response:
+    headers = {"Location": f"/charges/{body['id']}"} if status == 201 else None
+    response = Response(body, status=status, headers=headers)
+    if status == 201:
+        response.set_cookie("session-hint", "secret")
+    return response
+
+
+@idempotent
+def function_view(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return JsonResponse({"count": Charge.objects.count()})
+    return _django_response(*charge(_payload(request), _reference(request)))
+
+
+class ClassView(View):
+    @idempotent
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _django_response(*charge(_payload(request), _reference(request)))
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return JsonResponse({"count": Charge.objects.count()})
+
+
+@api_view(["GET", "POST"])
+@idempotent
+def drf_function_view(request: Request) -> Response:
+    if request.method == "GET":
+        return Response({"count": Charge.objects.count()})
+    return _drf_response(*charge(_payload(request), _reference(request)))
+
+
+class DrfAPIView(APIView):
+    @idempotent
+    def post(self, request: Request) -> Response:
+        return _drf_response(*charge(_payload(request), _reference(request)))
+
+    def get(self, request: Request) -> Response:
+        return Response({"count": Charge.objects.count()})
+
+
+class ChargeViewSet(IdempotencyMixin, viewsets.ViewSet):
+    """The mixin guards create (POST); `refund` opts in on its own with a decorator."""
+
+    def create(self, request: Request) -> Response:
+        return _drf_response(*charge(_payload(request), _reference(request)))
+
+    def list(self, request: Request) -> Response:
+        return Response({"count": Charge.objects.count()})
+
+    @idempotent(namespace="refunds")
+    @action(detail=False, methods=["post"])
+    def refund(self, request: Request) -> Response:
+        return _drf_response(*charge(_payload(request), _reference(request)))
+
+
+class PrivateChargeViewSet(IdempotencyMixin, viewsets.ViewSet):
+    permission_classes = [permissions.IsAuthenticated]
+
+    def create(self, request: Request) -> Response:
+        return _drf_response(*charge(_payload(request), _reference(request)))
+
+
+@idempotent
+async def async_view(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return JsonResponse({"count": await Charge.objects.acount()})
+    data = _payload(request)
+    if data.get("sleep"):
+        await asyncio.sleep(float(data.pop("sleep")))
+    status, body = await sync_to_async(charge)(data, _reference(request))
+    return _django_response(status, body)
+
+
+@idempotent
+def binary_view(request: HttpRequest) -> HttpResponse:
+    Charge.objects.create(reference=_reference(request), amount=0)
+    return HttpResponse(bytes(range(256)) * 4, content_type="application/octet-stream")
+
+
+@idempotent
+def streaming_view(request: HttpRequest) -> StreamingHttpResponse:
+    Charge.objects.create(reference=_reference(request), amount=0)
+    return StreamingHttpResponse(iter([b"a", b"b"]))
