@@ -88,7 +88,7 @@ def test_missing_key_where_required_is_400(client: Client, view_kind: ViewKind) 
 @pytest.mark.parametrize(
     "key",
     ["", "   ", "k" * 256, "bad\tkey", "bad\x7fkey", "ключ", "two words", '"unterminated', '"a"b"'],
-    ids=["empty", "blank", "too-long", "control", "delete", "non-ascii", "space", "open-quote", "quote"],
+    ids=["empty", "blank", "long", "control", "delete", "non-ascii", "space", "open", "quote"],
 )
 def test_malformed_key_is_400(client: Client, view_kind: ViewKind, key: str) -> None:
     response = post(client, view_kind.url, key=key)
@@ -129,7 +129,9 @@ def test_safe_methods_are_never_touched(client: Client, view_kind: ViewKind) -> 
     assert not IdempotencyRecord.objects.exists()
 
 
-def test_sf_string_key_is_the_same_key_as_its_bare_form(client: Client, view_kind: ViewKind) -> None:
+def test_sf_string_key_is_the_same_key_as_its_bare_form(
+    client: Client, view_kind: ViewKind
+) -> None:
     post(client, view_kind.url, key="abc-123")
     retry = post(client, view_kind.url, key='"abc-123"')
 
