@@ -39,6 +39,8 @@ def choice(value: str, allowed: tuple[str, ...], name: str) -> str:
 def load_callable(value: str | Callable[..., Any], name: str) -> Callable[..., Any]:
     if callable(value):
         return value
+    if not isinstance(value, str):
+        raise ImproperlyConfigured(f"{name} must be a dotted path or a callable, not {value!r}.")
     try:
         return cast("Callable[..., Any]", import_string(value))
     except ImportError as exc:
@@ -61,7 +63,8 @@ class Settings:
 
     @property
     def METHODS(self) -> tuple[str, ...]:
-        return tuple(m.upper() for m in self._get("IDEMPOTENCY_METHODS", ("POST", "PATCH")))
+        value = self._get("IDEMPOTENCY_METHODS", ("POST", "PATCH"))
+        return tuple(m.upper() for m in ([value] if isinstance(value, str) else value))
 
     @property
     def REQUIRED(self) -> bool:

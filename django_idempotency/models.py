@@ -29,14 +29,25 @@ class IdempotencyRecord(models.Model):
         max_length=64,
         help_text=_("SHA-256 of the method, path with query and canonical body."),
     )
-    status = models.CharField(_("status"), max_length=16, choices=Status.choices)
-    method = models.CharField(_("method"), max_length=16, blank=True)
+    status = models.CharField(
+        _("status"),
+        max_length=16,
+        choices=Status.choices,
+        help_text=_("In progress while a request holds the key; completed once stored."),
+    )
+    method = models.CharField(
+        _("method"), max_length=16, blank=True, help_text=_("HTTP method of the first request.")
+    )
     path = models.TextField(_("path"), blank=True, help_text=_("Path with query string."))
-    response_status = models.PositiveSmallIntegerField(_("response status"), null=True, blank=True)
+    response_status = models.PositiveSmallIntegerField(
+        _("response status"), null=True, blank=True, help_text=_("Stored HTTP status code.")
+    )
     response_headers = models.JSONField(
         _("response headers"), default=list, blank=True, help_text=_("[name, value] pairs.")
     )
-    response_body = models.BinaryField(_("response body"), null=True, blank=True)
+    response_body = models.BinaryField(
+        _("response body"), null=True, blank=True, help_text=_("Stored body, byte for byte.")
+    )
     lease_token = models.CharField(
         _("lease token"),
         max_length=32,
@@ -49,8 +60,12 @@ class IdempotencyRecord(models.Model):
         blank=True,
         help_text=_("After this, another request may take over an in-progress claim."),
     )
-    created_at = models.DateTimeField(_("created at"))
-    completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
+    created_at = models.DateTimeField(
+        _("created at"), help_text=_("When the key was claimed by its current request.")
+    )
+    completed_at = models.DateTimeField(
+        _("completed at"), null=True, blank=True, help_text=_("When the response was stored.")
+    )
     expires_at = models.DateTimeField(
         _("expires at"), help_text=_("After this, the key starts a new request.")
     )

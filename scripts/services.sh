@@ -23,7 +23,9 @@ start_postgres() {
   if [ ! -f "$PG_DATA/PG_VERSION" ]; then
     _as_pg_user "initdb -D '$PG_DATA' -U postgres --auth=trust -E UTF8 >'$SERVICES_DIR/initdb.log' 2>&1"
   fi
+  PG_STARTED_HERE=0
   if ! _as_pg_user "pg_ctl -D '$PG_DATA' status" >/dev/null 2>&1; then
+    PG_STARTED_HERE=1
     _as_pg_user "pg_ctl -D '$PG_DATA' -l '$SERVICES_DIR/postgres.log' -w -t 60 start \
       -o \"-c listen_addresses=127.0.0.1 -c port=$PG_PORT -c unix_socket_directories='$PG_DATA' \
           -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off\"" >/dev/null
@@ -32,8 +34,9 @@ start_postgres() {
   echo "PostgreSQL ready on 127.0.0.1:$PG_PORT"
 }
 
+# Stops the server only if start_postgres started it (a developer's running one is left alone).
 stop_postgres() {
-  if [ -f "$PG_DATA/PG_VERSION" ]; then
+  if [ "${PG_STARTED_HERE:-0}" = "1" ]; then
     _as_pg_user "pg_ctl -D '$PG_DATA' -m fast -w stop" >/dev/null 2>&1 || true
   fi
 }

@@ -11,6 +11,7 @@ DEBUG = False
 USE_TZ = True
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [

@@ -10,6 +10,8 @@ from tests import views
 router = SimpleRouter(trailing_slash=True)
 router.register("viewset/charges", views.ChargeViewSet, basename="charges")
 router.register("private/charges", views.PrivateChargeViewSet, basename="private-charges")
+router.register("throttled/charges", views.ThrottledChargeViewSet, basename="throttled-charges")
+router.register("leased/charges", views.LeasedChargeViewSet, basename="leased-charges")
 
 urlpatterns = [
     path("function/charges/", views.function_view),

@@ -37,10 +37,14 @@ def post(
     url: str,
     body: dict[str, Any] | None = None,
     key: str | None = "key-1",
+    outcome: str | None = None,
     **headers: str,
 ) -> Any:
+    """POST JSON; ``outcome`` asks the test view to act out a failure (see tests/views.py)."""
     if key is not None:
         headers["Idempotency-Key"] = key
+    if outcome is not None:
+        headers["X-Outcome"] = outcome
     return client.post(
         url, json.dumps(body or {"amount": 10}), content_type="application/json", headers=headers
     )

@@ -14,11 +14,16 @@ from rest_framework import permissions, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from tests.models import Charge
+
+
+class OneAMinute(AnonRateThrottle):
+    rate = "1/min"
 
 
 def _payload(request: Any) -> dict[str, Any]:
@@ -30,11 +35,16 @@ def _payload(request: Any) -> dict[str, Any]:
         return dict(request.POST.items())
 
 
-def charge(data: dict[str, Any], reference: str) -> tuple[int, dict[str, Any]]:
-    """Create a charge, or act out the failure the test asked for in the body."""
+def charge(request: Any) -> tuple[int, dict[str, Any]]:
+    """Create a charge, or act out the outcome the test asked for in the X-Outcome header.
+
+    The header is not part of the fingerprint, so a retry without it is the same request.
+    """
+    data = _payload(request)
     if data.get("sleep"):
         time.sleep(float(data["sleep"]))
-    outcome = data.get("outcome", "created")
+    reference = str(request.headers.get("Idempotency-Key", ""))
+    outcome = request.headers.get("X-Outcome", "created")
     if outcome == "invalid":
         return 400, {"error": "invalid amount"}
     created = Charge.objects.create(reference=reference, amount=int(data.get("amount", 0)))
@@ -45,10 +55,6 @@ def charge(data: dict[str, Any], reference: str) -> tuple[int, dict[str, Any]]:
     if outcome == "server-error":
         return 500, {"error": "upstream failed"}
     return 201, {"id": created.pk, "amount": created.amount}
-
-
-def _reference(request: Any) -> str:
-    return str(request.headers.get("Idempotency-Key", ""))
 
 
 def _django_response(status: int, body: dict[str, Any]) -> HttpResponse:
@@ -71,13 +77,13 @@ def _drf_response(status: int, body: dict[str, Any]) -> Response:
 def function_view(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return JsonResponse({"count": Charge.objects.count()})
-    return _django_response(*charge(_payload(request), _reference(request)))
+    return _django_response(*charge(request))
 
 
 class ClassView(View):
     @idempotent
     def post(self, request: HttpRequest) -> HttpResponse:
-        return _django_response(*charge(_payload(request), _reference(request)))
+        return _django_response(*charge(request))
 
     def get(self, request: HttpRequest) -> HttpResponse:
         return JsonResponse({"count": Charge.objects.count()})
@@ -88,13 +94,13 @@ class ClassView(View):
 def drf_function_view(request: Request) -> Response:
     if request.method == "GET":
         return Response({"count": Charge.objects.count()})
-    return _drf_response(*charge(_payload(request), _reference(request)))
+    return _drf_response(*charge(request))
 
 
 class DrfAPIView(APIView):
     @idempotent
     def post(self, request: Request) -> Response:
-        return _drf_response(*charge(_payload(request), _reference(request)))
+        return _drf_response(*charge(request))
 
     def get(self, request: Request) -> Response:
         return Response({"count": Charge.objects.count()})
@@ -104,7 +110,7 @@ class ChargeViewSet(IdempotencyMixin, viewsets.ViewSet):
     """The mixin guards create (POST); `refund` opts in on its own with a decorator."""
 
     def create(self, request: Request) -> Response:
-        return _drf_response(*charge(_payload(request), _reference(request)))
+        return _drf_response(*charge(request))
 
     def list(self, request: Request) -> Response:
         return Response({"count": Charge.objects.count()})
@@ -112,34 +118,58 @@ class ChargeViewSet(IdempotencyMixin, viewsets.ViewSet):
     @idempotent(namespace="refunds")
     @action(detail=False, methods=["post"])
     def refund(self, request: Request) -> Response:
-        return _drf_response(*charge(_payload(request), _reference(request)))
+        return _drf_response(*charge(request))
+
+
+class CanCharge(permissions.BasePermission):
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return bool(request.user.has_perm("tests.add_charge"))
 
 
 class PrivateChargeViewSet(IdempotencyMixin, viewsets.ViewSet):
-    permission_classes = [permissions.IsAuthenticated]
+    """Only users holding tests.add_charge may charge; checked before any replay."""
+
+    permission_classes = [permissions.IsAuthenticated, CanCharge]
 
     def create(self, request: Request) -> Response:
-        return _drf_response(*charge(_payload(request), _reference(request)))
+        return _drf_response(*charge(request))
+
+
+class ThrottledChargeViewSet(IdempotencyMixin, viewsets.ViewSet):
+    """One request a minute: a retry is throttled before it could be replayed."""
+
+    throttle_classes = [OneAMinute]
+
+    def create(self, request: Request) -> Response:
+        return _drf_response(*charge(request))
+
+
+class LeasedChargeViewSet(IdempotencyMixin, viewsets.ViewSet):
+    idempotency_mode = "lease"
+    idempotent_methods = ("POST", "PUT")
+
+    def create(self, request: Request) -> Response:
+        return _drf_response(*charge(request))
 
 
 @idempotent
 async def async_view(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return JsonResponse({"count": await Charge.objects.acount()})
-    data = _payload(request)
-    if data.get("sleep"):
-        await asyncio.sleep(float(data.pop("sleep")))
-    status, body = await sync_to_async(charge)(data, _reference(request))
+    delay = float(_payload(request).get("async_sleep", 0))
+    if delay:
+        await asyncio.sleep(delay)
+    status, body = await sync_to_async(charge)(request)
     return _django_response(status, body)
 
 
 @idempotent
 def binary_view(request: HttpRequest) -> HttpResponse:
-    Charge.objects.create(reference=_reference(request), amount=0)
+    Charge.objects.create(reference=request.headers["Idempotency-Key"], amount=0)
     return HttpResponse(bytes(range(256)) * 4, content_type="application/octet-stream")
 
 
 @idempotent
 def streaming_view(request: HttpRequest) -> StreamingHttpResponse:
-    Charge.objects.create(reference=_reference(request), amount=0)
+    Charge.objects.create(reference=request.headers["Idempotency-Key"], amount=0)
     return StreamingHttpResponse(iter([b"a", b"b"]))

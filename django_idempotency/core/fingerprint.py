@@ -11,9 +11,9 @@ from urllib.parse import parse_qsl, urlencode
 
 def canonical_json(value: Any) -> bytes:
     """JSON with object keys sorted recursively, arrays in order, and no whitespace."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True
-    ).encode()
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # "\ud800" is valid JSON but a lone surrogate in Python: keep it rather than fail.
+    return text.encode("utf-8", "surrogatepass")
 
 
 def is_json_media_type(media_type: str) -> bool:

@@ -57,6 +57,7 @@ class Guard:
         self.store: BaseStore | None = None
         self.claim: Claim | None = None
         self.atomic = False
+        self.owns_transaction = False  # Atomic mode opened its own: a rollback undoes the view.
         self._transaction = contextlib.ExitStack()
 
     def __enter__(self) -> Guard:
@@ -68,7 +69,7 @@ class Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        if exc is not None and not self.atomic:
+        if exc is not None and not self.owns_transaction:
             self.abort()
         return bool(self._transaction.__exit__(exc_type, exc, tb))
 
@@ -118,7 +119,7 @@ class Guard:
         )
         try:
             if self.atomic:
-                self._transaction.enter_context(store.atomic())
+                self.owns_transaction = self._transaction.enter_context(store.atomic())
             claim = self.claim = _begin(store, claim_request, settings)
         except StoreUnavailable as exc:
             logger.error("Idempotency store unreachable: %s", exc)
@@ -164,7 +165,7 @@ class Guard:
             stored_client_errors=conf.STORED_CLIENT_ERRORS,
             store_server_errors=conf.STORE_SERVER_ERRORS,
         ):
-            if self.atomic:
+            if self.owns_transaction:
                 store.discard()  # Nothing happened: roll back the view's writes with the claim.
             else:
                 _quietly(store.release, claim)
@@ -172,8 +173,9 @@ class Guard:
         try:
             kept = store.complete(claim, stored, timezone.now())
         except StoreUnavailable as exc:
-            if self.atomic:
-                store.discard()
+            if self.atomic:  # The transaction holding the view's writes is lost with it.
+                if self.owns_transaction:
+                    store.discard()
                 return _unavailable()
             logger.error("The response could not be stored: %s", exc)
             return response
@@ -185,9 +187,9 @@ class Guard:
         return response
 
     def abort(self) -> None:
-        """The view raised: give the key back (atomic mode's rollback does that by itself)."""
+        """The view raised: give the key back (a rollback of our own transaction does that)."""
         claim, self.claim = self.claim, None
-        if claim is not None and self.store is not None and not self.atomic:
+        if claim is not None and self.store is not None and not self.owns_transaction:
             _quietly(self.store.release, claim)
 
 
@@ -215,9 +217,10 @@ def _unavailable() -> HttpResponse:
 
 
 def _quietly(action: Callable[[Claim], bool], claim: Claim) -> None:
+    """Release on a failure path: never mask the error that got us here."""
     try:
         action(claim)
-    except StoreUnavailable as exc:
+    except Exception as exc:  # An aborted transaction or a lost store: the lease will expire.
         logger.error("Could not release an idempotency claim: %s", exc)
 
 

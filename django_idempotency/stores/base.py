@@ -38,7 +38,9 @@ class BaseStore:
     - `complete` stores the response, `release` forgets the claim; both act only if the claim's
       lease token still matches, and return whether they did.
     - `purge` deletes expired records and abandoned claims in short batches.
-    - `atomic` is the transaction atomic mode runs the view in; `discard` rolls it back.
+    - `atomic` is the transaction atomic mode runs the view in. It yields whether it opened that
+      transaction itself; if so, `discard` rolls the view's work back with the claim. If not (a
+      caller's transaction was already open) the claim joins it, and is released on failure.
     """
 
     supports_atomic = False
@@ -56,8 +58,8 @@ class BaseStore:
         raise NotImplementedError
 
     @contextlib.contextmanager
-    def atomic(self) -> Iterator[None]:
-        yield
+    def atomic(self) -> Iterator[bool]:
+        yield False
 
     def discard(self) -> None:
         """Roll back the work done inside `atomic`, claim included."""

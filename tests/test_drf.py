@@ -1,0 +1,89 @@
+"""DRF specifics: replays only after authentication, permissions and throttles; clear misuse."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.cache import cache
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
+from rest_framework.decorators import api_view
+from rest_framework.response import Response
+
+from django_idempotency import idempotent
+from django_idempotency.models import IdempotencyRecord
+from tests.factories import UserFactory
+from tests.models import Charge
+from tests.utils import post
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_replay_never_bypasses_a_permission_revoked_after_the_first_request(
+    client: Client,
+) -> None:
+    user = UserFactory()
+    user.user_permissions.add(Permission.objects.get(codename="add_charge"))
+    client.force_login(user)
+    assert post(client, "/private/charges/").status_code == 201
+
+    user.user_permissions.clear()
+    retry = post(client, "/private/charges/")
+
+    assert retry.status_code == 403
+    assert "Idempotent-Replayed" not in retry
+
+
+def test_401_and_403_are_not_stored_so_the_fixed_client_runs(client: Client) -> None:
+    assert post(client, "/private/charges/").status_code == 403
+    assert not IdempotencyRecord.objects.exists()
+
+    user = UserFactory()
+    user.user_permissions.add(Permission.objects.get(codename="add_charge"))
+    client.force_login(user)
+    assert post(client, "/private/charges/").status_code == 201
+    assert Charge.objects.count() == 1
+
+
+def test_throttles_run_before_a_replay(client: Client) -> None:
+    cache.clear()
+    assert post(client, "/throttled/charges/").status_code == 201
+
+    retry = post(client, "/throttled/charges/")
+
+    assert retry.status_code == 429
+    assert "Idempotent-Replayed" not in retry
+
+
+def test_an_unmapped_method_on_a_viewset_is_405_not_500(client: Client) -> None:
+    response = client.put(
+        "/viewset/charges/", "{}", content_type="application/json", headers={"Idempotency-Key": "k"}
+    )
+
+    assert response.status_code == 405
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_patch_is_guarded_by_the_mixin_and_put_is_not_by_default(client: Client) -> None:
+    """ChargeViewSet maps neither; LeasedChargeViewSet lists PUT in idempotent_methods."""
+    from tests.views import ChargeViewSet, LeasedChargeViewSet
+
+    assert ChargeViewSet().get_idempotent_methods() == {"POST", "PATCH"}
+    assert LeasedChargeViewSet().get_idempotent_methods() == {"POST", "PUT"}
+
+
+def test_idempotent_above_api_view_is_refused_at_import() -> None:
+    def create(request: object) -> Response:
+        return Response({})
+
+    with pytest.raises(ImproperlyConfigured, match="below @api_view"):
+        idempotent(api_view(["POST"])(create))
+
+
+def test_idempotent_on_something_that_is_not_a_view_is_refused(client: Client) -> None:
+    @idempotent
+    def not_a_view(value: int) -> int:
+        return value
+
+    with pytest.raises(ImproperlyConfigured, match="must decorate a view"):
+        not_a_view(1)

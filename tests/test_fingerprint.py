@@ -1,0 +1,453 @@
+"""Request fingerprints: equal requests hash equal, whatever their incidental encoding."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from typing import Any
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.http import HttpRequest
+from django.test import Client, override_settings
+from django.test.client import encode_multipart
+from hypothesis import given
+from hypothesis import strategies as st
+
+from django_idempotency.core.fingerprint import (
+    canonical_body,
+    canonical_json,
+    canonical_multipart,
+    fingerprint,
+    is_json_media_type,
+)
+from tests.models import Charge
+from tests.utils import assert_problem
+
+URL = "/function/charges/"
+DRF_URL = "/api-view/charges/"
+FORM = "application/x-www-form-urlencoded"
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=25,
+)
+STRING_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def constant_fingerprint(request: HttpRequest) -> str:
+    """An IDEMPOTENCY_FINGERPRINT that calls every request the same."""
+    return "0" * 64
+
+
+def reorder(value: Any, rnd: random.Random) -> Any:
+    """The same JSON value with every object's keys inserted in a shuffled order."""
+    if isinstance(value, dict):
+        names = list(value)
+        rnd.shuffle(names)
+        return {name: reorder(value[name], rnd) for name in names}
+    if isinstance(value, list):
+        return [reorder(item, rnd) for item in value]
+    return value
+
+
+def reverse_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {name: reverse_keys(value[name]) for name in reversed(list(value))}
+    if isinstance(value, list):
+        return [reverse_keys(item) for item in value]
+    return value
+
+
+# canonical_json
+
+
+@given(JSON_VALUES, st.randoms(use_true_random=False))
+def test_object_key_order_does_not_change_canonical_json(value: Any, rnd: random.Random) -> None:
+    assert canonical_json(reorder(value, rnd)) == canonical_json(value)
+    assert canonical_json(reverse_keys(value)) == canonical_json(value)
+
+
+@given(JSON_VALUES)
+def test_canonical_json_decodes_to_the_same_value(value: Any) -> None:
+    assert json.loads(canonical_json(value)) == value
+
+
+@given(JSON_VALUES)
+def test_canonical_json_is_sorted_and_has_no_whitespace_outside_strings(value: Any) -> None:
+    canonical = canonical_json(value)
+
+    assert canonical == json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode("utf-8")
+    assert not re.search(r"\s", STRING_LITERAL.sub("", canonical.decode("utf-8")))
+
+
+@given(st.lists(JSON_VALUES, min_size=2))
+def test_arrays_keep_their_order(items: list[Any]) -> None:
+    encoded = [canonical_json(item) for item in items]
+    if encoded == encoded[::-1]:
+        return  # A palindrome: reversing it changes nothing.
+
+    assert canonical_json(items) != canonical_json(items[::-1])
+
+
+def test_canonical_json_sorts_nested_keys() -> None:
+    value = {"b": {"y": 1, "x": [{"d": 2, "c": 3}]}, "a": None}
+
+    assert canonical_json(value) == b'{"a":null,"b":{"x":[{"c":3,"d":2}],"y":1}}'
+
+
+def test_canonical_json_keeps_non_ascii_text_as_utf8() -> None:
+    assert canonical_json({"name": "café"}) == '{"name":"café"}'.encode()
+
+
+# canonical_body: JSON
+
+
+@pytest.mark.parametrize(
+    "media_type",
+    ["application/json", "application/merge-patch+json", "application/vnd.api+json"],
+)
+def test_json_bodies_are_canonicalised(media_type: str) -> None:
+    body = b'{ "b" : [1, 2],\n  "a": {"y": true, "x": null} }'
+
+    assert canonical_body(media_type, body) == b'{"a":{"x":null,"y":true},"b":[1,2]}'
+
+
+@pytest.mark.parametrize(
+    ("media_type", "is_json"),
+    [
+        ("application/json", True),
+        ("application/problem+json", True),
+        ("application/merge-patch+json", True),
+        ("text/plain", False),
+        ("application/x-www-form-urlencoded", False),
+        ("application/jsonl", False),
+        ("", False),
+    ],
+)
+def test_json_media_types_are_recognised(media_type: str, is_json: bool) -> None:
+    assert is_json_media_type(media_type) is is_json
+
+
+def test_reordered_json_keys_are_the_same_body() -> None:
+    first = canonical_body("application/json", b'{"amount": 10, "currency": "EUR"}')
+    second = canonical_body("application/json", b'{"currency":"EUR","amount":10}')
+
+    assert first == second
+
+
+def test_different_json_values_are_different_bodies() -> None:
+    first = canonical_body("application/json", b'{"amount": 10}')
+    second = canonical_body("application/json", b'{"amount": 11}')
+
+    assert first != second
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"a": 1', b"\xff\xfe\x00garbage", b""])
+def test_invalid_json_falls_back_to_the_raw_bytes(body: bytes) -> None:
+    assert canonical_body("application/json", body) == body
+
+
+def test_lone_surrogate_escapes_in_json_still_give_a_canonical_body() -> None:
+    # Valid JSON (RFC 8259 allows any \uXXXX escape) that no UTF-8 encoder accepts as text.
+    first = canonical_body("application/json", b'{"note": "\\ud800"}')
+    second = canonical_body("application/json", b'{"note": "\\udc00"}')
+
+    assert isinstance(first, bytes)
+    assert first != second
+
+
+def test_ignored_fields_are_dropped_from_json_objects() -> None:
+    first = canonical_body("application/json", b'{"amount": 10, "nonce": "a"}', {"nonce"})
+    second = canonical_body("application/json", b'{"nonce": "b", "amount": 10}', {"nonce"})
+
+    assert first == second == b'{"amount":10}'
+
+
+def test_ignored_fields_are_only_dropped_at_the_top_level() -> None:
+    first = canonical_body("application/json", b'{"meta": {"nonce": "a"}}', {"nonce"})
+    second = canonical_body("application/json", b'{"meta": {"nonce": "b"}}', {"nonce"})
+
+    assert first != second
+
+
+def test_ignored_fields_leave_json_arrays_alone() -> None:
+    assert canonical_body("application/json", b'["nonce", 1]', {"nonce"}) == b'["nonce",1]'
+
+
+# canonical_body: forms and everything else
+
+
+def test_reordered_form_fields_are_the_same_body() -> None:
+    assert canonical_body(FORM, b"b=2&a=1&a=0") == canonical_body(FORM, b"a=0&b=2&a=1")
+
+
+def test_different_form_values_are_different_bodies() -> None:
+    assert canonical_body(FORM, b"a=1&b=2") != canonical_body(FORM, b"a=1&b=3")
+
+
+def test_blank_form_values_are_kept() -> None:
+    assert canonical_body(FORM, b"a=1&b=") != canonical_body(FORM, b"a=1")
+
+
+def test_form_encoding_of_spaces_does_not_matter() -> None:
+    assert canonical_body(FORM, b"note=a+b") == canonical_body(FORM, b"note=a%20b")
+
+
+def test_ignored_fields_are_dropped_from_forms() -> None:
+    first = canonical_body(FORM, b"amount=10&nonce=a", {"nonce"})
+    second = canonical_body(FORM, b"nonce=b&amount=10", {"nonce"})
+
+    assert first == second == canonical_body(FORM, b"amount=10")
+
+
+@pytest.mark.parametrize("media_type", ["text/plain", "application/octet-stream", "", "text/csv"])
+def test_other_media_types_are_compared_as_raw_bytes(media_type: str) -> None:
+    body = b'{"b": 1, "a": 2}\n'
+
+    assert canonical_body(media_type, body) == body
+
+
+# canonical_multipart
+
+
+def test_order_of_multipart_fields_and_files_does_not_matter() -> None:
+    first = canonical_multipart(
+        [("amount", "10"), ("note", "x")], [("a", "a.txt", "1" * 64), ("b", "b.txt", "2" * 64)]
+    )
+    second = canonical_multipart(
+        [("note", "x"), ("amount", "10")], [("b", "b.txt", "2" * 64), ("a", "a.txt", "1" * 64)]
+    )
+
+    assert first == second
+
+
+def test_changed_file_content_is_a_different_multipart_body() -> None:
+    first = canonical_multipart([("amount", "10")], [("receipt", "r.txt", "1" * 64)])
+    second = canonical_multipart([("amount", "10")], [("receipt", "r.txt", "2" * 64)])
+
+    assert first != second
+
+
+def test_changed_multipart_field_is_a_different_body() -> None:
+    assert canonical_multipart([("amount", "10")], []) != canonical_multipart(
+        [("amount", "11")], []
+    )
+
+
+def test_ignored_fields_are_dropped_from_multipart_bodies() -> None:
+    first = canonical_multipart([("amount", "10"), ("nonce", "a")], [], {"nonce"})
+    second = canonical_multipart([("nonce", "b"), ("amount", "10")], [], {"nonce"})
+
+    assert first == second
+
+
+# fingerprint
+
+
+def test_fingerprint_is_64_lowercase_hex_characters() -> None:
+    assert re.fullmatch(r"[0-9a-f]{64}", fingerprint("POST", "/a", b"{}"))
+
+
+def test_method_case_does_not_change_the_fingerprint() -> None:
+    assert fingerprint("post", "/a", b"{}") == fingerprint("POST", "/a", b"{}")
+
+
+def test_method_changes_the_fingerprint() -> None:
+    assert fingerprint("POST", "/a", b"{}") != fingerprint("PATCH", "/a", b"{}")
+
+
+def test_path_changes_the_fingerprint() -> None:
+    assert fingerprint("POST", "/a", b"{}") != fingerprint("POST", "/b", b"{}")
+
+
+def test_query_string_changes_the_fingerprint() -> None:
+    assert fingerprint("POST", "/a?x=1", b"{}") != fingerprint("POST", "/a?x=2", b"{}")
+
+
+def test_body_changes_the_fingerprint() -> None:
+    assert fingerprint("POST", "/a", b'{"a":1}') != fingerprint("POST", "/a", b'{"a":2}')
+
+
+def test_moving_bytes_between_path_and_body_changes_the_fingerprint() -> None:
+    assert fingerprint("POST", "/ab", b"c") != fingerprint("POST", "/a", b"bc")
+
+
+def test_moving_bytes_between_method_and_path_changes_the_fingerprint() -> None:
+    assert fingerprint("POST", "/a", b"") != fingerprint("POS", "T/a", b"")
+
+
+def test_fingerprint_is_sha256_over_the_length_prefixed_parts() -> None:
+    data = b"\x00\x00\x00\x04POST" + b"\x00\x00\x00\x02/a" + b'{"a":1}'
+
+    assert fingerprint("post", "/a", b'{"a":1}') == hashlib.sha256(data).hexdigest()
+
+
+# The default request fingerprint, through HTTP
+
+
+def send(client: Client, body: bytes | str, content_type: str, url: str = URL) -> Any:
+    return client.post(url, body, content_type=content_type, headers={"Idempotency-Key": "k"})
+
+
+def assert_replay(first: Any, retry: Any) -> None:
+    assert first.status_code == 201, first.content
+    assert "Idempotent-Replayed" not in first
+    assert retry.status_code == 201, retry.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert Charge.objects.count() == 1
+
+
+def multipart(boundary: str, receipt: bytes, *, reverse: bool = False) -> tuple[bytes, str]:
+    data: dict[str, Any] = {
+        "amount": "10",
+        "note": "lunch",
+        "receipt": SimpleUploadedFile("receipt.txt", receipt, content_type="text/plain"),
+    }
+    if reverse:
+        data = dict(reversed(data.items()))
+    return encode_multipart(boundary, data), f"multipart/form-data; boundary={boundary}"
+
+
+def upload(boundary: str, receipt: bytes) -> tuple[bytes, str]:
+    """A multipart body for the DRF view, which reads request.data as a dict of lists.
+
+    It therefore carries no amount to convert; the charge defaults to 0.
+    """
+    data = {"note": "lunch", "receipt": SimpleUploadedFile("receipt.txt", receipt)}
+    return encode_multipart(boundary, data), f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.mark.django_db
+def test_reordered_json_keys_are_the_same_request(client: Client) -> None:
+    first = send(client, '{"amount": 10, "currency": "EUR"}', "application/json")
+    retry = send(client, '{\n  "currency":"EUR",\n  "amount":10\n}', "application/json")
+
+    assert_replay(first, retry)
+
+
+@pytest.mark.django_db
+def test_different_json_body_with_the_same_key_is_422(client: Client) -> None:
+    send(client, '{"amount": 10}', "application/json")
+    response = send(client, '{"amount": 11}', "application/json")
+
+    assert_problem(response, 422, "key-reused")
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_different_query_string_with_the_same_key_is_422(client: Client) -> None:
+    send(client, '{"amount": 10}', "application/json", url=URL + "?account=1")
+    response = send(client, '{"amount": 10}', "application/json", url=URL + "?account=2")
+
+    assert_problem(response, 422, "key-reused")
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_same_query_string_with_the_same_key_is_a_replay(client: Client) -> None:
+    first = send(client, '{"amount": 10}', "application/json", url=URL + "?account=1")
+    retry = send(client, '{"amount": 10}', "application/json", url=URL + "?account=1")
+
+    assert_replay(first, retry)
+
+
+@pytest.mark.django_db
+def test_same_multipart_fields_and_file_with_another_boundary_are_the_same_request(
+    client: Client,
+) -> None:
+    first = send(client, *multipart("BoundaryOne", b"receipt #1"))
+    retry = send(client, *multipart("AnotherBoundary2", b"receipt #1", reverse=True))
+
+    assert_replay(first, retry)
+    assert Charge.objects.get().amount == 10
+
+
+@pytest.mark.django_db
+def test_same_multipart_upload_to_a_drf_view_with_another_boundary_is_a_replay(
+    client: Client,
+) -> None:
+    first = send(client, *upload("BoundaryOne", b"receipt #1"), url=DRF_URL)
+    retry = send(client, *upload("AnotherBoundary2", b"receipt #1"), url=DRF_URL)
+
+    assert_replay(first, retry)
+
+
+@pytest.mark.django_db
+def test_multipart_upload_to_a_drf_view_with_different_file_content_is_422(
+    client: Client,
+) -> None:
+    send(client, *upload("BoundaryOne", b"receipt #1"), url=DRF_URL)
+    response = send(client, *upload("BoundaryOne", b"receipt #2"), url=DRF_URL)
+
+    assert_problem(response, 422, "key-reused")
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_multipart_with_different_file_content_is_422(client: Client) -> None:
+    send(client, *multipart("BoundaryOne", b"receipt #1"))
+    response = send(client, *multipart("BoundaryOne", b"receipt #2"))
+
+    assert_problem(response, 422, "key-reused")
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_json_with_a_lone_surrogate_escape_is_fingerprinted_not_a_server_error(
+    client: Client,
+) -> None:
+    first = send(client, '{"amount": 10, "note": "\\ud800"}', "application/json")
+    retry = send(client, '{"note": "\\ud800", "amount": 10}', "application/json")
+
+    assert_replay(first, retry)
+
+
+@pytest.mark.django_db
+def test_reordered_form_fields_are_the_same_request(client: Client) -> None:
+    first = send(client, "amount=10&note=lunch&tag=a&tag=b", FORM)
+    retry = send(client, "tag=a&note=lunch&tag=b&amount=10", FORM)
+
+    assert_replay(first, retry)
+    assert Charge.objects.get().amount == 10
+
+
+@pytest.mark.django_db
+def test_form_with_a_different_value_is_422(client: Client) -> None:
+    send(client, "amount=10&note=lunch", FORM)
+    response = send(client, "amount=10&note=dinner", FORM)
+
+    assert_problem(response, 422, "key-reused")
+
+
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS=["nonce"])
+def test_ignored_json_field_does_not_make_a_different_request(client: Client) -> None:
+    first = send(client, '{"amount": 10, "nonce": "a1"}', "application/json")
+    retry = send(client, '{"amount": 10, "nonce": "b2"}', "application/json")
+
+    assert_replay(first, retry)
+
+
+@pytest.mark.django_db
+def test_json_field_that_is_not_ignored_makes_a_different_request(client: Client) -> None:
+    send(client, '{"amount": 10, "nonce": "a1"}', "application/json")
+    response = send(client, '{"amount": 10, "nonce": "b2"}', "application/json")
+
+    assert_problem(response, 422, "key-reused")
+
+
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY_FINGERPRINT="tests.test_fingerprint.constant_fingerprint")
+def test_custom_fingerprint_setting_is_used(client: Client) -> None:
+    first = send(client, '{"amount": 10}', "application/json")
+    retry = send(client, '{"amount": 99}', "application/json")
+
+    assert_replay(first, retry)
+    assert Charge.objects.get().amount == 10

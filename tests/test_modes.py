@@ -1,0 +1,125 @@
+"""Atomic and lease modes: rollback on failure, fenced completion, takeover of stale leases."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores import ClaimRequest, get_store
+from tests.models import Charge
+from tests.utils import post
+
+pytestmark = pytest.mark.django_db
+
+
+def _claim_request(lease: float | None = 30, now_offset: float = 0) -> ClaimRequest:
+    return ClaimRequest(
+        scope=Scope("default", "", "key-1"),
+        fingerprint="f" * 64,
+        method="POST",
+        path="/function/charges/",
+        now=timezone.now() + timedelta(seconds=now_offset),
+        ttl=timedelta(hours=1),
+        lease=None if lease is None else timedelta(seconds=lease),
+    )
+
+
+def test_a_taken_over_lease_cannot_overwrite_or_delete_the_new_owners_record() -> None:
+    store = get_store()
+    slow = store.begin(_claim_request(lease=1))
+    # Two seconds later the slow request's lease has run out; a retry takes the key over.
+    retry = store.begin(_claim_request(lease=30, now_offset=2))
+
+    assert slow.outcome is retry.outcome is Outcome.FRESH
+    assert retry.record_id == slow.record_id
+    assert retry.lease_token != slow.lease_token
+
+    assert store.complete(slow, StoredResponse(201, [], b"slow"), timezone.now()) is False
+    assert store.release(slow) is False
+    record = IdempotencyRecord.objects.get()
+    assert record.status == IdempotencyRecord.Status.IN_PROGRESS
+    assert record.lease_token == retry.lease_token
+
+    assert store.complete(retry, StoredResponse(201, [], b"retry"), timezone.now()) is True
+    replayed = store.begin(_claim_request(now_offset=3))
+    assert replayed.outcome is Outcome.REPLAY
+    assert replayed.response is not None
+    assert replayed.response.body == b"retry"
+
+
+def test_a_live_lease_is_not_taken_over() -> None:
+    store = get_store()
+    first = store.begin(_claim_request(lease=30))
+    second = store.begin(_claim_request(lease=30, now_offset=5))
+
+    assert first.outcome is Outcome.FRESH
+    assert second.outcome is Outcome.IN_PROGRESS
+    assert IdempotencyRecord.objects.get().lease_token == first.lease_token
+
+
+def test_an_expired_completed_record_is_claimed_afresh() -> None:
+    store = get_store()
+    first = store.begin(_claim_request())
+    store.complete(first, StoredResponse(201, [], b"old"), timezone.now())
+
+    later = store.begin(replace(_claim_request(), now=timezone.now() + timedelta(hours=2)))
+
+    assert later.outcome is Outcome.FRESH
+    record = IdempotencyRecord.objects.get()
+    assert record.status == IdempotencyRecord.Status.IN_PROGRESS
+    assert record.response_body is None
+
+
+def test_a_released_claim_lets_the_next_request_run() -> None:
+    store = get_store()
+    first = store.begin(_claim_request())
+    assert store.release(first) is True
+    assert store.begin(_claim_request()).outcome is Outcome.FRESH
+
+
+def test_lease_mode_commits_the_claim_and_records_the_lease(client: Client) -> None:
+    with override_settings(IDEMPOTENCY_MODE="lease", IDEMPOTENCY_LEASE=timedelta(seconds=45)):
+        post(client, "/function/charges/")
+
+    record = IdempotencyRecord.objects.get()
+    assert record.status == IdempotencyRecord.Status.COMPLETED
+    assert len(record.lease_token) == 32
+    assert record.lease_expires_at is None  # Completed: nothing left to lease.
+
+
+def test_view_class_attributes_choose_the_mode_and_methods(client: Client) -> None:
+    """LeasedChargeViewSet sets idempotency_mode = "lease" and guards POST and PUT."""
+    first = post(client, "/leased/charges/")
+    retry = post(client, "/leased/charges/")
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_atomic_mode_crash_leaves_neither_the_row_nor_a_record() -> None:
+    client = Client(raise_request_exception=False)
+
+    assert post(client, "/function/charges/", outcome="raise").status_code == 500
+
+    assert Charge.objects.count() == 0
+    assert not IdempotencyRecord.objects.exists()
+    assert post(client, "/function/charges/").status_code == 201
+    assert post(client, "/function/charges/")["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lease_mode_crash_releases_the_key_at_once() -> None:
+    client = Client(raise_request_exception=False)
+    with override_settings(IDEMPOTENCY_MODE="lease"):
+        assert post(client, "/function/charges/", outcome="raise").status_code == 500
+        assert not IdempotencyRecord.objects.exists()
+        assert post(client, "/function/charges/").status_code == 201

@@ -1,0 +1,153 @@
+"""Which responses are stored and replayed, and which release the key for a corrected retry."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+from django.test import Client, override_settings
+
+from django_idempotency.models import IdempotencyRecord
+from tests.models import Charge
+from tests.utils import post
+
+pytestmark = pytest.mark.django_db
+
+URL = "/function/charges/"
+MODES = ["atomic", "lease"]
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    with override_settings(IDEMPOTENCY_MODE=request.param):
+        yield request.param
+
+
+def test_a_400_releases_the_key_so_the_corrected_retry_runs(client: Client, mode: str) -> None:
+    rejected = post(client, URL, outcome="invalid")
+    corrected = post(client, URL)
+
+    assert rejected.status_code == 400
+    assert corrected.status_code == 201
+    assert "Idempotent-Replayed" not in corrected
+    assert Charge.objects.count() == 1
+
+
+def test_a_402_records_a_decision_and_is_replayed(client: Client, mode: str) -> None:
+    declined = post(client, URL, outcome="declined")
+    retry = post(client, URL)
+
+    assert declined.status_code == 402
+    assert retry.status_code == 402
+    assert retry.content == declined.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
+
+
+# Transactional: atomic mode owns the transaction only when no caller's transaction is open.
+@pytest.mark.django_db(transaction=True)
+def test_a_returned_500_releases_the_key(client: Client, mode: str) -> None:
+    failed = post(client, URL, outcome="server-error")
+    retry = post(client, URL)
+
+    assert failed.status_code == 500
+    assert retry.status_code == 201
+    # Atomic mode rolls the failed attempt's writes back with the claim; lease mode cannot.
+    assert Charge.objects.count() == (1 if mode == "atomic" else 2)
+    assert IdempotencyRecord.objects.get().response_status == 201
+
+
+def test_500s_are_stored_when_the_project_opts_in(client: Client, mode: str) -> None:
+    with override_settings(IDEMPOTENCY_STORE_SERVER_ERRORS=True):
+        failed = post(client, URL, outcome="server-error")
+        retry = post(client, URL)
+
+    assert retry.status_code == 500
+    assert retry.content == failed.content
+    assert retry["Idempotent-Replayed"] == "true"
+
+
+def test_stored_client_errors_are_configurable(client: Client, mode: str) -> None:
+    with override_settings(IDEMPOTENCY_STORED_CLIENT_ERRORS=()):
+        post(client, URL, outcome="declined")
+        retry = post(client, URL)
+
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_exception_releases_the_key_and_the_retry_runs_once(mode: str) -> None:
+    client = Client(raise_request_exception=False)
+
+    crashed = post(client, URL, outcome="raise")
+    assert crashed.status_code == 500
+    assert not IdempotencyRecord.objects.exists()
+
+    retry = post(client, URL)
+    again = post(client, URL)
+
+    assert retry.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    # Atomic mode: the crashed attempt's charge was rolled back with its claim.
+    assert Charge.objects.count() == (1 if mode == "atomic" else 2)
+
+
+def test_binary_bodies_replay_exactly(client: Client) -> None:
+    first = post(client, "/binary/")
+    retry = post(client, "/binary/")
+
+    assert first.content == bytes(range(256)) * 4
+    assert retry.content == first.content
+    assert retry["Content-Type"] == "application/octet-stream"
+    assert retry["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
+
+
+def test_streaming_responses_are_not_stored_and_say_so(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        first = post(client, "/streaming/")
+
+    assert b"".join(first.streaming_content) == b"ab"
+    assert "streaming response cannot be stored" in caplog.text
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_atomic_requests_a_crash_rolls_back_the_view_and_the_claim(
+    settings_atomic_requests: None,
+) -> None:
+    client = Client(raise_request_exception=False)
+
+    assert post(client, URL, outcome="raise").status_code == 500
+    assert Charge.objects.count() == 0
+    assert not IdempotencyRecord.objects.exists()
+
+    assert post(client, URL).status_code == 201
+    assert post(client, URL)["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_atomic_requests_a_returned_500_releases_the_key(
+    settings_atomic_requests: None, client: Client
+) -> None:
+    assert post(client, URL, outcome="server-error").status_code == 500
+    # The request's own transaction commits a returned response, as Django does; the key is
+    # released all the same, so the retry runs.
+    assert not IdempotencyRecord.objects.exists()
+    assert post(client, URL).status_code == 201
+
+
+@pytest.fixture
+def settings_atomic_requests() -> Iterator[None]:
+    from django.db import connection
+
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        yield
+    finally:
+        connection.settings_dict["ATOMIC_REQUESTS"] = False
