@@ -72,8 +72,10 @@ def idempotent(
         if inspect.iscoroutinefunction(func):
 
             async def wrapper(*args: Any, **kwargs: Any) -> HttpResponseBase:
-                _, request = _view_and_request(args)
-                return await guard.run_async(lambda: func(*args, **kwargs), request, options)
+                view_instance, request = _view_and_request(args)
+                return await guard.run_async(
+                    lambda: func(*args, **kwargs), request, options, view_instance
+                )
 
         else:
 
@@ -88,7 +90,7 @@ def idempotent(
                 )
 
         functools.update_wrapper(wrapper, func)
-        wrapper.idempotency_options = options  # type: ignore[attr-defined]
+        wrapper.idempotency_options = options  # type: ignore[union-attr]
         return wrapper  # type: ignore[return-value]
 
     return decorate(view) if view is not None else decorate

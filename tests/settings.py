@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import dj_database_url
 
@@ -36,7 +37,12 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file, not memory: connections can then be closed, reopened and shared across threads.
-    DATABASES["default"]["TEST"] = {"NAME": "test-idempotency-run.sqlite3"}
+    # One file per process, so tox envs running side by side never share it.
+    DATABASES["default"]["TEST"] = {
+        "NAME": os.path.join(
+            tempfile.gettempdir(), f"django-idempotency-test-{os.getpid()}.sqlite3"
+        )
+    }
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],

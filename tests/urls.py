@@ -19,6 +19,7 @@ urlpatterns = [
     path("api-view/charges/", views.drf_function_view),
     path("apiview/charges/", views.DrfAPIView.as_view()),
     path("async/charges/", views.async_view),
+    path("async-cbv/charges/", views.AsyncClassView.as_view()),
     path("binary/", views.binary_view),
     path("streaming/", views.streaming_view),
     *router.urls,

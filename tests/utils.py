@@ -22,6 +22,7 @@ class ViewKind(enum.Enum):
     VIEWSET_MIXIN = ("/viewset/charges/", "default")
     VIEWSET_ACTION = ("/viewset/charges/refund/", "refunds")
     ASYNC_FUNCTION = ("/async/charges/", "default")
+    ASYNC_CLASS_BASED = ("/async-cbv/charges/", "async-cbv")
 
     @property
     def url(self) -> str:

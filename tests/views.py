@@ -163,6 +163,20 @@ async def async_view(request: HttpRequest) -> HttpResponse:
     return _django_response(status, body)
 
 
+class AsyncClassView(View):
+    """An async class-based view; its idempotency_* attributes apply as on a DRF view."""
+
+    idempotency_namespace = "async-cbv"
+
+    @idempotent
+    async def post(self, request: HttpRequest) -> HttpResponse:
+        status, body = await sync_to_async(charge)(request)
+        return _django_response(status, body)
+
+    async def get(self, request: HttpRequest) -> HttpResponse:
+        return JsonResponse({"count": await Charge.objects.acount()})
+
+
 @idempotent
 def binary_view(request: HttpRequest) -> HttpResponse:
     Charge.objects.create(reference=request.headers["Idempotency-Key"], amount=0)

@@ -68,10 +68,10 @@ class Guard:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         if exc is not None and not self.owns_transaction:
             self.abort()
-        return bool(self._transaction.__exit__(exc_type, exc, tb))
+        self._transaction.__exit__(exc_type, exc, tb)  # Commits, or rolls back on an error.
 
     def prepare(self) -> HttpResponseBase | None:
         """A response to send instead of running the view, or None once the key is claimed."""
@@ -118,9 +118,7 @@ class Guard:
             lease=None if self.atomic else conf.LEASE,
         )
         try:
-            if self.atomic:
-                self.owns_transaction = self._transaction.enter_context(store.atomic())
-            claim = self.claim = _begin(store, claim_request, settings)
+            claim = self.claim = self._begin(store, claim_request, settings)
         except StoreUnavailable as exc:
             logger.error("Idempotency store unreachable: %s", exc)
             return _unavailable()
@@ -142,6 +140,25 @@ class Guard:
             "A request with this key is still being processed: retry after a moment.",
             retry_after=1,
         )
+
+    def _begin(self, store: BaseStore, claim_request: ClaimRequest, settings: Resolved) -> Claim:
+        """Claim the key; with on_conflict="wait", retry with backoff until the deadline."""
+        deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
+        delay = 0.01
+        while True:
+            if self.atomic:
+                self.owns_transaction = self._transaction.enter_context(store.atomic())
+            claim = store.begin(claim_request)
+            remaining = deadline - time.monotonic()
+            if claim.outcome is not Outcome.IN_PROGRESS or settings.on_conflict != "wait":
+                return claim
+            if remaining <= 0:
+                return claim
+            # Hold no transaction while waiting: the first request may need to finish its own.
+            self._transaction.close()
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.25)
+            claim_request = replace(claim_request, now=timezone.now())
 
     def finish(self, response: HttpResponseBase) -> HttpResponseBase:
         """Store the view's response, or release the key when it means nothing happened."""
@@ -193,21 +210,6 @@ class Guard:
             _quietly(self.store.release, claim)
 
 
-def _begin(store: BaseStore, claim_request: ClaimRequest, settings: Resolved) -> Claim:
-    claim = store.begin(claim_request)
-    if claim.outcome is not Outcome.IN_PROGRESS or settings.on_conflict != "wait":
-        return claim
-    deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
-    delay = 0.01
-    while (remaining := deadline - time.monotonic()) > 0:
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.25)
-        claim = store.begin(replace(claim_request, now=timezone.now()))
-        if claim.outcome is not Outcome.IN_PROGRESS:
-            break
-    return claim
-
-
 def _unavailable() -> HttpResponse:
     return problems.problem_response(
         problems.STORE_UNAVAILABLE,
@@ -249,11 +251,12 @@ async def run_async(
     call: Callable[[], Awaitable[HttpResponseBase]],
     request: Any,
     options: Options,
+    view: Any = None,
 ) -> HttpResponseBase:
     """Guard an async view. A transaction cannot stay open across awaits, so it runs leased."""
     if not conf.ENABLED:
         return await call()
-    guard = Guard(request, options, force_lease=True)
+    guard = Guard(request, options, view, force_lease=True)
     early = await sync_to_async(guard.prepare)()
     if early is not None:
         return early

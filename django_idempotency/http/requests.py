@@ -17,7 +17,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 def django_request(request: Any) -> HttpRequest:
     """The underlying `HttpRequest`, whether given that or a DRF `Request` wrapping it."""
     inner = getattr(request, "_request", None)
-    return inner if isinstance(inner, HttpRequest) else request  # type: ignore[no-any-return]
+    return inner if isinstance(inner, HttpRequest) else request
 
 
 def is_request(value: Any) -> bool:

@@ -19,6 +19,7 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Q, QuerySet
 
 from django_idempotency.conf import conf
 from django_idempotency.core.outcomes import Claim, Outcome, Status, StoredResponse, classify
@@ -137,7 +138,6 @@ class DatabaseStore(BaseStore):
         return deleted == 1
 
     def purge(self, now: datetime, *, batch_size: int = 1000, namespace: str | None = None) -> int:
-        from django.db.models import Q
 
         expired = Q(expires_at__lte=now) | Q(status=Status.IN_PROGRESS, lease_expires_at__lte=now)
         records = IdempotencyRecord.objects.using(self.alias).filter(expired)
@@ -172,7 +172,9 @@ class DatabaseStore(BaseStore):
     def discard(self) -> None:
         transaction.set_rollback(True, using=self.alias)
 
-    def _own(self, claim: Claim) -> Any:
+    def _own(self, claim: Claim) -> QuerySet[IdempotencyRecord]:
+        """The claim's record, only while the claim still holds its lease token (fencing)."""
+        assert claim.record_id is not None and claim.lease_token is not None
         return IdempotencyRecord.objects.using(self.alias).filter(
             pk=claim.record_id, lease_token=claim.lease_token
         )

@@ -23,10 +23,13 @@ class IdempotencyMixin:
     idempotency_mode: Mode | None = None
     idempotency_on_conflict: OnConflict | None = None
     idempotency_namespace: str | None = None
+    idempotency_header: str | None = None
 
     def get_idempotent_methods(self) -> frozenset[str]:
         methods = self.idempotent_methods
-        return frozenset(m.upper() for m in (conf.METHODS if methods is None else methods))
+        if methods is None:
+            return frozenset(conf.METHODS)
+        return frozenset(m.upper() for m in ([methods] if isinstance(methods, str) else methods))
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         # Authentication, permissions and throttles run first: a replay never skips them.
