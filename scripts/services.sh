@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Start (or stop) the throw-away PostgreSQL the test suite runs against, on loopback only.
-# Usage: source scripts/services.sh; start_postgres; ... ; stop_postgres
+# Start (or stop) the throw-away PostgreSQL and Redis the test suite runs against, on loopback.
+# Usage: source scripts/services.sh; start_postgres; start_redis; ...; stop_redis; stop_postgres
 set -euo pipefail
 
 SERVICES_DIR="${SERVICES_DIR:-$(pwd)/.services}"
 PG_PORT="${PG_PORT:-54329}"
 PG_DATA="$SERVICES_DIR/postgres"
+REDIS_PORT="${REDIS_PORT:-63799}"
+REDIS_DIR="$SERVICES_DIR/redis"
 
 # initdb refuses to run as root: run the cluster as the system "postgres" user when we are root.
 _as_pg_user() {
@@ -38,5 +40,25 @@ start_postgres() {
 stop_postgres() {
   if [ "${PG_STARTED_HERE:-0}" = "1" ]; then
     _as_pg_user "pg_ctl -D '$PG_DATA' -m fast -w stop" >/dev/null 2>&1 || true
+  fi
+}
+
+start_redis() {
+  command -v redis-server >/dev/null || { echo "redis-server not found: install Debian's redis-server" >&2; return 1; }
+  mkdir -p "$REDIS_DIR"
+  REDIS_STARTED_HERE=0
+  if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    REDIS_STARTED_HERE=1
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+      --dir "$REDIS_DIR" --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log"
+    for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  fi
+  export REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+  echo "Redis ready on 127.0.0.1:$REDIS_PORT"
+}
+
+stop_redis() {
+  if [ "${REDIS_STARTED_HERE:-0}" = "1" ]; then
+    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
   fi
 }

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django_idempotency.core.outcomes import Claim, Scope, StoredResponse
+
+
+@dataclass
+class PurgeResult:
+    """What a purge deleted (or, in a dry run, would delete)."""
+
+    expired: int = 0  # Records past their expiry.
+    abandoned: int = 0  # In-progress claims whose lease ran out: their worker is gone.
+    batches: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.expired + self.abandoned
 
 
 class StoreUnavailable(Exception):
@@ -37,7 +50,9 @@ class BaseStore:
       It raises `StoreUnavailable` when the store cannot be reached.
     - `complete` stores the response, `release` forgets the claim; both act only if the claim's
       lease token still matches, and return whether they did.
-    - `purge` deletes expired records and abandoned claims in short batches.
+    - `purge` deletes expired records and abandoned claims (in progress, lease run out) in
+      short batches, each its own transaction, calling `forget` with each batch's scopes.
+    - `forget` drops any copies kept outside the store of record (the cache tier's).
     - `atomic` is the transaction atomic mode runs the view in. It yields whether it opened that
       transaction itself; if so, `discard` rolls the view's work back with the claim. If not (a
       caller's transaction was already open) the claim joins it, and is released on failure.
@@ -54,8 +69,19 @@ class BaseStore:
     def release(self, claim: Claim) -> bool:
         raise NotImplementedError
 
-    def purge(self, now: datetime, *, batch_size: int = 1000, namespace: str | None = None) -> int:
+    def purge(
+        self,
+        now: datetime,
+        *,
+        batch_size: int = 1000,
+        namespace: str | None = None,
+        dry_run: bool = False,
+        progress: Callable[[PurgeResult], None] | None = None,
+    ) -> PurgeResult:
         raise NotImplementedError
+
+    def forget(self, scopes: Iterable[Scope]) -> None:
+        """Nothing is kept elsewhere by default."""
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[bool]:

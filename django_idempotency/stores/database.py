@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -22,9 +22,16 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q, QuerySet
 
 from django_idempotency.conf import conf
-from django_idempotency.core.outcomes import Claim, Outcome, Status, StoredResponse, classify
+from django_idempotency.core.outcomes import (
+    Claim,
+    Outcome,
+    Scope,
+    Status,
+    StoredResponse,
+    classify,
+)
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.stores.base import BaseStore, ClaimRequest, StoreUnavailable
+from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult, StoreUnavailable
 
 _COLUMNS = (
     "id",
@@ -137,23 +144,59 @@ class DatabaseStore(BaseStore):
             deleted, _ = self._own(claim).delete()
         return deleted == 1
 
-    def purge(self, now: datetime, *, batch_size: int = 1000, namespace: str | None = None) -> int:
-
-        expired = Q(expires_at__lte=now) | Q(status=Status.IN_PROGRESS, lease_expires_at__lte=now)
-        records = IdempotencyRecord.objects.using(self.alias).filter(expired)
+    def purge(
+        self,
+        now: datetime,
+        *,
+        batch_size: int = 1000,
+        namespace: str | None = None,
+        dry_run: bool = False,
+        progress: Callable[[PurgeResult], None] | None = None,
+    ) -> PurgeResult:
+        records = IdempotencyRecord.objects.using(self.alias).filter(
+            Q(expires_at__lte=now) | Q(status=Status.IN_PROGRESS, lease_expires_at__lte=now)
+        )
         if namespace is not None:
             records = records.filter(namespace=namespace)
-        total = 0
-        while True:
-            # Short batches, each its own transaction, so live claims never wait long on a purge.
-            with transaction.atomic(using=self.alias):
-                batch = list(records.values_list("pk", flat=True)[:batch_size])
-                if not batch:
-                    return total
-                deleted, _ = (
-                    IdempotencyRecord.objects.using(self.alias).filter(pk__in=batch).delete()
-                )
-            total += deleted
+        if dry_run:
+            return PurgeResult(
+                expired=records.filter(status=Status.COMPLETED).count(),
+                abandoned=records.filter(status=Status.IN_PROGRESS).count(),
+            )
+        result = PurgeResult()
+        while deleted := self._purge_batch(records, batch_size):
+            result.batches += 1
+            for status, *_ in deleted:
+                if status == Status.COMPLETED:
+                    result.expired += 1
+                else:
+                    result.abandoned += 1
+            self.forget(Scope(*scope) for _, *scope in deleted)
+            if progress is not None:
+                progress(result)
+        return result
+
+    def _purge_batch(
+        self, records: QuerySet[IdempotencyRecord], batch_size: int
+    ) -> list[tuple[str, str, str, str]]:
+        """Delete one batch in its own short transaction; return (status, *scope) per row."""
+        fields = ("status", "namespace", "owner", "key")
+        if self.connection.vendor == "postgresql":
+            # One statement a batch; SKIP LOCKED leaves rows a live claim is taking over alone.
+            batch = records.values("pk")[:batch_size].select_for_update(skip_locked=True)
+            inner_sql, params = batch.query.sql_with_params()
+            table = _q(IdempotencyRecord._meta.db_table)
+            sql = (
+                f"DELETE FROM {table} WHERE {_q('id')} IN ({inner_sql}) "
+                f"RETURNING {', '.join(_q(f) for f in fields)}"
+            )
+            with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return [tuple(row) for row in cursor.fetchall()]
+        with transaction.atomic(using=self.alias):
+            rows = list(records.values_list("pk", *fields)[:batch_size])
+            IdempotencyRecord.objects.using(self.alias).filter(pk__in=[r[0] for r in rows]).delete()
+        return [row[1:] for row in rows]
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[bool]:
