@@ -137,6 +137,11 @@ class Settings:
         )
 
     @property
+    def CACHE(self) -> str | None:
+        value = self._get("IDEMPOTENCY_CACHE", None)
+        return None if value is None else str(value)
+
+    @property
     def DATABASE(self) -> str | None:
         value = self._get("IDEMPOTENCY_DATABASE", None)
         return None if value is None else str(value)

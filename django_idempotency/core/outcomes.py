@@ -50,6 +50,10 @@ class Claim:
     lease_token: str | None = None
     response: StoredResponse | None = None
     lease_expires_at: datetime | None = None
+    # What a cache tier needs to keep a completed record: set on FRESH and REPLAY claims.
+    scope: Scope | None = None
+    fingerprint: str | None = None
+    expires_at: datetime | None = None
 
 
 def classify(

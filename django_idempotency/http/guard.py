@@ -143,6 +143,9 @@ class Guard:
 
     def _begin(self, store: BaseStore, claim_request: ClaimRequest, settings: Resolved) -> Claim:
         """Claim the key; with on_conflict="wait", retry with backoff until the deadline."""
+        cached = store.lookup(claim_request)
+        if cached is not None:
+            return cached  # A replay (or mismatch) without opening a transaction.
         deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
         delay = 0.01
         while True:

@@ -11,16 +11,23 @@ __all__ = ["BaseStore", "ClaimRequest", "PurgeResult", "StoreUnavailable", "get_
 
 
 def get_store() -> BaseStore:
-    """The configured store; one instance per dotted path, so requests pay no import cost."""
-    return _store_for(conf.STORE)
+    """The configured store, behind the cache tier when IDEMPOTENCY_CACHE names a cache.
+
+    One instance per configuration, so requests pay no import or construction cost.
+    """
+    return _store_for(conf.STORE, conf.CACHE)
 
 
 @lru_cache(maxsize=8)
-def _store_for(dotted_path: str) -> BaseStore:
+def _store_for(dotted_path: str, cache_alias: str | None) -> BaseStore:
     store_class = load_callable(dotted_path, "IDEMPOTENCY_STORE")
     store = store_class()
     if not isinstance(store, BaseStore):
         from django.core.exceptions import ImproperlyConfigured
 
         raise ImproperlyConfigured(f"IDEMPOTENCY_STORE = {dotted_path!r} is not a BaseStore.")
+    if cache_alias is not None:
+        from django_idempotency.stores.cache import CacheTier
+
+        return CacheTier(store, cache_alias)
     return store

@@ -50,8 +50,11 @@ class BaseStore:
       It raises `StoreUnavailable` when the store cannot be reached.
     - `complete` stores the response, `release` forgets the claim; both act only if the claim's
       lease token still matches, and return whether they did.
+    - `lookup` may answer a replay (or mismatch) from a faster copy before any transaction is
+      opened; None sends the request on to `begin`.
     - `purge` deletes expired records and abandoned claims (in progress, lease run out) in
-      short batches, each its own transaction, calling `forget` with each batch's scopes.
+      short batches, each its own transaction, calling `forget` (by default `self.forget`)
+      with each batch's scopes.
     - `forget` drops any copies kept outside the store of record (the cache tier's).
     - `atomic` is the transaction atomic mode runs the view in. It yields whether it opened that
       transaction itself; if so, `discard` rolls the view's work back with the claim. If not (a
@@ -59,6 +62,9 @@ class BaseStore:
     """
 
     supports_atomic = False
+
+    def lookup(self, request: ClaimRequest) -> Claim | None:
+        return None
 
     def begin(self, request: ClaimRequest) -> Claim:
         raise NotImplementedError
@@ -77,6 +83,7 @@ class BaseStore:
         namespace: str | None = None,
         dry_run: bool = False,
         progress: Callable[[PurgeResult], None] | None = None,
+        forget: Callable[[Iterable[Scope]], None] | None = None,
     ) -> PurgeResult:
         raise NotImplementedError
 
@@ -89,3 +96,7 @@ class BaseStore:
 
     def discard(self) -> None:
         """Roll back the work done inside `atomic`, claim included."""
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run `action` once the work of `complete` is durable (at once, by default)."""
+        action()

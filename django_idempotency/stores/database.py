@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -115,6 +115,9 @@ class DatabaseStore(BaseStore):
                 record_id=record.pk,
                 lease_token=token,
                 lease_expires_at=record.lease_expires_at,
+                scope=request.scope,
+                fingerprint=record.fingerprint,
+                expires_at=record.expires_at,
             )
         outcome = classify(
             status=record.status,
@@ -124,7 +127,14 @@ class DatabaseStore(BaseStore):
             now=request.now,
         )
         if outcome is Outcome.REPLAY:
-            return Claim(outcome, record_id=record.pk, response=_stored_response(record))
+            return Claim(
+                outcome,
+                record_id=record.pk,
+                response=_stored_response(record),
+                scope=request.scope,
+                fingerprint=record.fingerprint,
+                expires_at=record.expires_at,
+            )
         return Claim(outcome, record_id=record.pk, lease_expires_at=record.lease_expires_at)
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
@@ -152,6 +162,7 @@ class DatabaseStore(BaseStore):
         namespace: str | None = None,
         dry_run: bool = False,
         progress: Callable[[PurgeResult], None] | None = None,
+        forget: Callable[[Iterable[Scope]], None] | None = None,
     ) -> PurgeResult:
         records = IdempotencyRecord.objects.using(self.alias).filter(
             Q(expires_at__lte=now) | Q(status=Status.IN_PROGRESS, lease_expires_at__lte=now)
@@ -171,7 +182,7 @@ class DatabaseStore(BaseStore):
                     result.expired += 1
                 else:
                     result.abandoned += 1
-            self.forget(Scope(*scope) for _, *scope in deleted)
+            (forget or self.forget)(Scope(*scope) for _, *scope in deleted)
             if progress is not None:
                 progress(result)
         return result
@@ -184,14 +195,14 @@ class DatabaseStore(BaseStore):
         if self.connection.vendor == "postgresql":
             # One statement a batch; SKIP LOCKED leaves rows a live claim is taking over alone.
             batch = records.values("pk")[:batch_size].select_for_update(skip_locked=True)
-            inner_sql, params = batch.query.sql_with_params()
             table = _q(IdempotencyRecord._meta.db_table)
-            sql = (
-                f"DELETE FROM {table} WHERE {_q('id')} IN ({inner_sql}) "
-                f"RETURNING {', '.join(_q(f) for f in fields)}"
-            )
             with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
-                cursor.execute(sql, params)
+                inner_sql, params = batch.query.sql_with_params()
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE {_q('id')} IN ({inner_sql}) "
+                    f"RETURNING {', '.join(_q(f) for f in fields)}",
+                    params,
+                )
                 return [tuple(row) for row in cursor.fetchall()]
         with transaction.atomic(using=self.alias):
             rows = list(records.values_list("pk", *fields)[:batch_size])
@@ -214,6 +225,9 @@ class DatabaseStore(BaseStore):
 
     def discard(self) -> None:
         transaction.set_rollback(True, using=self.alias)
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        transaction.on_commit(action, using=self.alias)
 
     def _own(self, claim: Claim) -> QuerySet[IdempotencyRecord]:
         """The claim's record, only while the claim still holds its lease token (fencing)."""

@@ -1,0 +1,144 @@
+"""The cache tier: completed records copied to a Django cache, so replays need no SQL."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+
+from django.core.cache import caches
+from django.core.cache.backends.base import BaseCache
+
+from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
+from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult
+
+logger = logging.getLogger("django_idempotency")
+
+# (fingerprint, expires_at as a POSIX timestamp, status, headers, body)
+CachedRecord = tuple[str, float, int, list[tuple[str, str]], bytes]
+
+
+class CacheTier(BaseStore):
+    """Wraps the store of record; enabled by IDEMPOTENCY_CACHE = "<cache alias>".
+
+    The wrapped store stays the source of truth for claims. Only completed records are copied
+    (after their transaction commits, with their remaining lifetime as the timeout), and any
+    cache error is logged and answered from the store instead: the tier can only make a request
+    faster, never fail it.
+    """
+
+    def __init__(self, inner: BaseStore, alias: str) -> None:
+        self.inner = inner
+        self.alias = alias
+
+    @property
+    def supports_atomic(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_atomic
+
+    @property
+    def cache(self) -> BaseCache:
+        return caches[self.alias]
+
+    def lookup(self, request: ClaimRequest) -> Claim | None:
+        try:
+            cached: CachedRecord | None = self.cache.get(cache_key(request.scope))
+        except Exception as exc:  # Any backend, any failure: the store of record answers.
+            logger.warning("Idempotency cache unavailable, using the store: %s", exc)
+            return self.inner.lookup(request)
+        if cached is None or cached[1] <= request.now.timestamp():
+            return self.inner.lookup(request)
+        fingerprint, _, status, headers, body = cached
+        if fingerprint != request.fingerprint:
+            return Claim(Outcome.MISMATCH)
+        return Claim(Outcome.REPLAY, response=StoredResponse(status, headers, body))
+
+    def begin(self, request: ClaimRequest) -> Claim:
+        claim = self.inner.begin(request)
+        if claim.outcome is Outcome.REPLAY and claim.response is not None:
+            # Found in the store but not the cache (evicted, or completed before the tier
+            # existed): copy it so the next retry is served from the cache.
+            self._keep(claim, claim.response)
+        return claim
+
+    def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
+        kept = self.inner.complete(claim, response, now)
+        if kept:
+            self.inner.after_commit(lambda: self._keep(claim, response))
+        return kept
+
+    def release(self, claim: Claim) -> bool:
+        return self.inner.release(claim)
+
+    def purge(
+        self,
+        now: datetime,
+        *,
+        batch_size: int = 1000,
+        namespace: str | None = None,
+        dry_run: bool = False,
+        progress: Callable[[PurgeResult], None] | None = None,
+        forget: Callable[[Iterable[Scope]], None] | None = None,
+    ) -> PurgeResult:
+        def forget_everywhere(scopes: Iterable[Scope]) -> None:
+            scopes = list(scopes)
+            self.forget(scopes)
+            if forget is not None:
+                forget(scopes)
+
+        return self.inner.purge(
+            now,
+            batch_size=batch_size,
+            namespace=namespace,
+            dry_run=dry_run,
+            progress=progress,
+            forget=forget_everywhere,
+        )
+
+    def forget(self, scopes: Iterable[Scope]) -> None:
+        keys = [cache_key(scope) for scope in scopes]
+        if not keys:
+            return
+        try:
+            self.cache.delete_many(keys)
+        except Exception as exc:
+            # The copies still expire with their records; log so an operator can flush.
+            logger.warning("Could not drop %d idempotency cache entries: %s", len(keys), exc)
+        self.inner.forget(scopes)
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[bool]:
+        with self.inner.atomic() as owns_transaction:
+            yield owns_transaction
+
+    def discard(self) -> None:
+        self.inner.discard()
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        self.inner.after_commit(action)
+
+    def _keep(self, claim: Claim, response: StoredResponse) -> None:
+        if claim.scope is None or claim.fingerprint is None or claim.expires_at is None:
+            return
+        expires = claim.expires_at.timestamp()
+        timeout = expires - datetime.now(tz=claim.expires_at.tzinfo).timestamp()
+        if timeout <= 1:
+            return
+        value: CachedRecord = (
+            claim.fingerprint,
+            expires,
+            response.status,
+            list(response.headers),
+            response.body,
+        )
+        try:
+            self.cache.set(cache_key(claim.scope), value, timeout=int(timeout))
+        except Exception as exc:
+            logger.warning("Could not copy a record to the idempotency cache: %s", exc)
+
+
+def cache_key(scope: Scope) -> str:
+    """Fixed-length and safe for every backend, whatever characters the key holds."""
+    digest = hashlib.sha256("\x00".join((scope.namespace, scope.owner, scope.key)).encode())
+    return "django_idempotency:" + digest.hexdigest()

@@ -1,0 +1,163 @@
+"""The cache tier on a real Redis: replays with zero SQL, and never a failure of its own."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.core.cache import caches
+from django.db import connection
+from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_idempotency.core.outcomes import Scope
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores import get_store
+from django_idempotency.stores.cache import cache_key
+from tests.models import Charge
+from tests.utils import assert_problem, post
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799")
+URL = "/viewset/charges/"
+SCOPE = Scope("default", "", "key-1")
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+
+def _caches(location: str) -> dict[str, dict[str, object]]:
+    return {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "idempotency": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": location,
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+        },
+    }
+
+
+@pytest.fixture(params=["atomic", "lease"])
+def redis_tier(request: pytest.FixtureRequest) -> Iterator[str]:
+    with override_settings(
+        CACHES=_caches(f"{REDIS_URL}/2"),
+        IDEMPOTENCY_CACHE="idempotency",
+        IDEMPOTENCY_MODE=request.param,
+    ):
+        caches["idempotency"].clear()  # Fails loudly when Redis is not running.
+        yield request.param
+        caches["idempotency"].clear()
+
+
+@pytest.fixture
+def dead_redis() -> Iterator[None]:
+    # Nothing listens on port 9: every cache call fails as when Redis is down.
+    with override_settings(
+        CACHES=_caches("redis://127.0.0.1:9/0"), IDEMPOTENCY_CACHE="idempotency"
+    ):
+        yield
+
+
+def test_a_replay_is_served_from_the_cache_with_zero_sql(redis_tier: str) -> None:
+    client = Client()
+    first = post(client, URL)
+
+    with CaptureQueriesContext(connection) as captured:
+        retry = post(client, URL)
+
+    assert len(captured) == 0
+    assert retry.status_code == 201
+    assert retry.content == first.content
+    assert retry["Location"] == first["Location"]
+    assert retry["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
+
+
+def test_a_different_request_with_a_cached_key_is_422_with_zero_sql(redis_tier: str) -> None:
+    client = Client()
+    post(client, URL)
+
+    with CaptureQueriesContext(connection) as captured:
+        response = post(client, URL, {"amount": 99})
+
+    assert_problem(response, 422, "key-reused")
+    assert len(captured) == 0
+
+
+def test_a_cache_miss_replays_from_the_database_and_refills_the_cache(redis_tier: str) -> None:
+    client = Client()
+    first = post(client, URL)
+    caches["idempotency"].clear()
+
+    from_database = post(client, URL)
+    with CaptureQueriesContext(connection) as captured:
+        from_cache = post(client, URL)
+
+    assert from_database.content == from_cache.content == first.content
+    assert len(captured) == 0
+
+
+def test_in_progress_claims_are_never_cached(redis_tier: str) -> None:
+    claim = get_store().begin(_claim_request())
+    assert claim.record_id is not None
+
+    assert caches["idempotency"].get(cache_key(SCOPE)) is None
+
+
+def test_released_requests_leave_nothing_in_the_cache(redis_tier: str) -> None:
+    post(Client(), URL, outcome="invalid")
+
+    assert caches["idempotency"].get(cache_key(SCOPE)) is None
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_the_cached_copy_expires_with_its_record(redis_tier: str) -> None:
+    with override_settings(IDEMPOTENCY_TTL=timedelta(minutes=5)):
+        post(Client(), URL)
+
+    ttl = caches["idempotency"].ttl(cache_key(SCOPE))
+    assert 250 < ttl <= 300
+
+
+def test_purge_removes_cached_copies(redis_tier: str) -> None:
+    post(Client(), URL)
+    assert caches["idempotency"].get(cache_key(SCOPE)) is not None
+
+    result = get_store().purge(timezone.now() + timedelta(days=2))
+
+    assert result.expired == 1
+    assert caches["idempotency"].get(cache_key(SCOPE)) is None
+
+
+def test_redis_down_fails_no_request(dead_redis: None) -> None:
+    client = Client()
+    first = post(client, URL)
+    retry = post(client, URL)
+    other = post(client, URL, key="key-2")
+
+    assert first.status_code == other.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert Charge.objects.count() == 2
+
+
+def test_purge_with_redis_down_still_purges(dead_redis: None) -> None:
+    post(Client(), URL)
+
+    assert get_store().purge(timezone.now() + timedelta(days=2)).expired == 1
+    assert not IdempotencyRecord.objects.exists()
+
+
+def _claim_request() -> object:
+    from django_idempotency.stores import ClaimRequest
+
+    return ClaimRequest(
+        scope=SCOPE,
+        fingerprint="f" * 64,
+        method="POST",
+        path=URL,
+        now=timezone.now(),
+        ttl=timedelta(hours=1),
+        lease=timedelta(seconds=30),
+    )
