@@ -139,7 +139,7 @@ class Settings:
     @property
     def CACHE(self) -> str | None:
         value = self._get("IDEMPOTENCY_CACHE", None)
-        return None if value is None else str(value)
+        return str(value) if value else None  # "" (e.g. from an empty env var) means none.
 
     @property
     def DATABASE(self) -> str | None:

@@ -10,6 +10,9 @@ from testproject.payments import views
 
 router = DefaultRouter()
 router.register("payments", views.PaymentViewSet, basename="payment")
+# Variants the benchmark compares (benchmarks/README.md).
+router.register("bench/plain", views.PlainPaymentViewSet, basename="bench-plain")
+router.register("bench/lease", views.LeasedPaymentViewSet, basename="bench-lease")
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -1,68 +1,90 @@
-"""SQL statements the guard adds per request on PostgreSQL: fresh 2, replay 1 (budget 3 and 1)."""
+"""SQL the guard adds per request on PostgreSQL, locked by count.
+
+Django logs transaction control (BEGIN, COMMIT) with the statements; they are counted apart:
+atomic mode opens a transaction of its own only when no caller's transaction is open.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 
-from tests.utils import post
+from tests.factories import IdempotencyRecordFactory
+from tests.utils import fingerprint_of, post
 
 pytestmark = pytest.mark.postgresql
 
 URL = "/viewset/charges/"
+TRANSACTION_CONTROL = {"BEGIN", "COMMIT", "ROLLBACK"}
 
 
-def _statements(client: Client, **kwargs: object) -> list[str]:
+def _run(client: Client, **kwargs: object) -> tuple[int, int]:
+    """(statements, transaction-control commands) one request runs."""
     with CaptureQueriesContext(connection) as captured:
         response = post(client, URL, **kwargs)  # type: ignore[arg-type]
-    assert response.status_code == 201
-    return [query["sql"] for query in captured.captured_queries]
+    assert response.status_code in (201, 409), response.content
+    sql = [query["sql"] for query in captured.captured_queries]
+    control = sum(statement in TRANSACTION_CONTROL for statement in sql)
+    assert not any("SAVEPOINT" in statement for statement in sql)
+    return len(sql) - control, control
 
 
-@pytest.mark.parametrize("mode", ["atomic", "lease"])
-@pytest.mark.parametrize(
-    "transactional", [False, True], ids=["inside-caller-transaction", "own-transaction"]
-)
-def test_statements_added_to_fresh_and_replayed_requests(
-    mode: str, transactional: bool, request: pytest.FixtureRequest
-) -> None:
-    request.getfixturevalue("transactional_db" if transactional else "db")
+def _added(mode: str) -> tuple[tuple[int, int], tuple[int, int]]:
     client = Client()
     with override_settings(IDEMPOTENCY_MODE=mode):
-        without_key = _statements(client, key=None)
-        fresh = _statements(client, key="fresh")
-        replay = _statements(client, key="fresh")
-
-    added = len(fresh) - len(without_key)
-    assert added == 2, fresh  # The claim, then the stored response.
-    assert len(replay) == 1, replay  # The claim statement finds and returns the record.
-    assert not any("SAVEPOINT" in sql for sql in fresh)
+        plain = _run(client, key=None)
+        fresh = _run(client, key="fresh")
+        replay = _run(client, key="fresh")
+    return (fresh[0] - plain[0], fresh[1] - plain[1]), replay
 
 
-def test_a_conflict_costs_at_most_two_statements(db: None) -> None:
-    from tests.factories import IdempotencyRecordFactory
-    from tests.utils import fingerprint_of
-
-    IdempotencyRecordFactory(
-        in_progress=True, key="busy", path=URL, fingerprint=fingerprint_of(URL, {"amount": 10})
-    )
-    with CaptureQueriesContext(connection) as captured:
-        response = post(Client(), URL, key="busy")
-
-    assert response.status_code == 409
-    assert len(captured) <= 2
-
-
-@override_settings(IDEMPOTENCY_MODE="atomic")
-def test_atomic_requests_adds_no_savepoints(transactional_db: None) -> None:
+@pytest.fixture
+def atomic_requests() -> Iterator[None]:
     connection.settings_dict["ATOMIC_REQUESTS"] = True
     try:
-        client = Client()
-        without_key = _statements(client, key=None)
-        fresh = _statements(client, key="fresh")
+        yield
     finally:
         connection.settings_dict["ATOMIC_REQUESTS"] = False
 
-    assert len(fresh) - len(without_key) == 2
+
+@pytest.mark.django_db(transaction=True)
+def test_lease_mode_adds_two_statements_and_replays_in_one() -> None:
+    fresh, replay = _added("lease")
+    assert fresh == (2, 0)  # The claim, then the stored response; each commits by itself.
+    assert replay == (1, 0)  # The claim statement finds and returns the record.
+
+
+@pytest.mark.django_db(transaction=True)
+def test_atomic_mode_in_its_own_transaction_adds_two_statements_and_begin_commit() -> None:
+    fresh, replay = _added("atomic")
+    assert fresh == (2, 2)
+    assert replay == (1, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_atomic_mode_under_atomic_requests_adds_two_statements_and_no_savepoint(
+    atomic_requests: None,
+) -> None:
+    fresh, replay = _added("atomic")
+    assert fresh == (2, 0)  # The request's transaction is there with or without the guard.
+    assert replay == (1, 2)
+
+
+@pytest.mark.django_db
+def test_atomic_mode_inside_a_test_case_transaction_adds_two_statements() -> None:
+    fresh, replay = _added("atomic")
+    assert fresh == (2, 0)
+    assert replay == (1, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_conflict_costs_one_statement() -> None:
+    IdempotencyRecordFactory(
+        in_progress=True, key="busy", path=URL, fingerprint=fingerprint_of(URL, {"amount": 10})
+    )
+    with override_settings(IDEMPOTENCY_MODE="lease"):
+        assert _run(Client(), key="busy") == (1, 0)

@@ -36,6 +36,20 @@ class PaymentViewSet(
     idempotency_namespace = "payments"
 
 
+class PlainPaymentViewSet(mixins.CreateModelMixin, viewsets.GenericViewSet):
+    """The same create endpoint without idempotency: the benchmark's baseline."""
+
+    queryset = Payment.objects.all()
+    serializer_class = PaymentSerializer
+
+
+class LeasedPaymentViewSet(PaymentViewSet):
+    """The payments endpoint in lease mode, as a view calling an external system would use."""
+
+    idempotency_mode = "lease"
+    idempotency_namespace = "payments-lease"
+
+
 @csrf_exempt
 @require_POST
 @idempotent(required=True, namespace="refunds")

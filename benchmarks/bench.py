@@ -1,0 +1,319 @@
+"""Measure idempotent endpoints against the same endpoint without idempotency, in one run."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WRK_SCRIPT = Path(__file__).with_name("wrk.lua")
+BODY = {"amount": 100, "currency": "EUR", "description": "benchmark"}
+POOL = 200  # Keys the replay variants cycle through.
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    server: str  # "db" or "cache": which gunicorn serves it
+    path: str
+    mode: str  # wrk.lua key mode
+    prefix: str = ""
+
+
+VARIANTS = [
+    Variant("plain create (no idempotency)", "db", "/api/bench/plain/", "none"),
+    Variant("idempotent, fresh keys, atomic", "db", "/api/payments/", "unique"),
+    Variant("idempotent, fresh keys, lease", "db", "/api/bench/lease/", "unique"),
+    Variant("replay from the database", "db", "/api/payments/", "pool", "replay"),
+    Variant("replay from the cache tier", "cache", "/api/payments/", "pool", "replay"),
+    Variant("409 conflict (key in progress)", "db", "/api/bench/lease/", "fixed", "busy"),
+]
+
+
+@dataclass(frozen=True)
+class Sample:
+    rps: float
+    p50: float
+    p95: float
+    p99: float
+    non_2xx: int
+    socket_errors: int
+
+
+def wrk(url: str, variant: Variant, prefix: str, seconds: int, connections: int) -> Sample:
+    command = [
+        "wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
+        "-s", str(WRK_SCRIPT), url + variant.path, "--", variant.mode, prefix, str(POOL),
+    ]  # fmt: skip
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    result = json.loads(output.split("RESULT ", 1)[1])
+    return Sample(
+        rps=result["requests"] / (result["duration_us"] / 1e6),
+        p50=result["p50_us"] / 1000,
+        p95=result["p95_us"] / 1000,
+        p99=result["p99_us"] / 1000,
+        non_2xx=result["non_2xx"],
+        socket_errors=result["socket_errors"],
+    )
+
+
+@contextmanager
+def gunicorn(port: int, extra_env: dict[str, str]) -> Iterator[str]:
+    env = {**os.environ, "DJANGO_DEBUG": "0", "CONN_MAX_AGE": "60", **extra_env}
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "gunicorn", "testproject.wsgi", "--workers", "2",
+            "--worker-class", "gthread", "--threads", "4", "--bind", f"127.0.0.1:{port}",
+            "--log-level", "warning",
+        ],  # fmt: skip
+        cwd=ROOT,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "/api/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def seed(url: str, prefix: str) -> None:
+    """Complete the POOL keys the replay variants replay."""
+    for number in range(POOL):
+        request = urllib.request.Request(
+            url + "/api/payments/",
+            data=json.dumps(BODY).encode(),
+            headers={"Content-Type": "application/json", "Idempotency-Key": f"{prefix}-{number}"},
+        )
+        urllib.request.urlopen(request, timeout=10).read()
+
+
+def hold_busy_key(key: str) -> None:
+    """An in-progress claim with a long lease, so every request for it is a 409."""
+    from django.utils import timezone
+
+    from django_idempotency.core.fingerprint import canonical_json, fingerprint
+    from django_idempotency.core.outcomes import Scope
+    from django_idempotency.stores import ClaimRequest, get_store
+
+    get_store().begin(
+        ClaimRequest(
+            scope=Scope("payments-lease", "", key),
+            fingerprint=fingerprint("POST", "/api/bench/lease/", canonical_json(BODY)),
+            method="POST",
+            path="/api/bench/lease/",
+            now=timezone.now(),
+            ttl=timedelta(hours=1),
+            lease=timedelta(hours=1),
+        )
+    )
+
+
+def statements_per_request(busy_key: str) -> dict[str, int]:
+    """SQL statements each variant runs, counted in-process on the same database."""
+    from django.core.cache import caches
+    from django.db import connection
+    from django.test import Client, override_settings
+    from django.test.utils import CaptureQueriesContext
+
+    def count(path: str, key: str | None, **settings: object) -> int:
+        headers = {"Idempotency-Key": key} if key else {}
+        with override_settings(**settings), CaptureQueriesContext(connection) as captured:
+            response = Client(SERVER_NAME="localhost").post(
+                path, json.dumps(BODY), content_type="application/json", headers=headers
+            )
+        assert response.status_code in (201, 409), response.content
+        return len(captured)
+
+    # Persistent connection and a warm-up request: count the requests' statements, not the
+    # connection set-up (SET TIME ZONE) a fresh connection runs once.
+    connection.settings_dict["CONN_MAX_AGE"] = None
+    count("/api/bench/plain/", None)
+    key = f"count-{uuid.uuid4()}"
+    counts = {
+        VARIANTS[0].name: count("/api/bench/plain/", None),
+        VARIANTS[1].name: count("/api/payments/", key),
+        VARIANTS[2].name: count("/api/bench/lease/", key),
+        VARIANTS[3].name: count("/api/payments/", key),
+    }
+    cached = {"IDEMPOTENCY_CACHE": "idempotency"}
+    count("/api/payments/", key, **cached)  # Fills the cache from the database.
+    counts[VARIANTS[4].name] = count("/api/payments/", key, **cached)
+    counts[VARIANTS[5].name] = count("/api/bench/lease/", busy_key)
+    caches["idempotency"].clear()
+    return counts
+
+
+def redis_outage(url: str, prefix: str, seconds: int, connections: int) -> Sample:
+    """Replays from the cache tier while Redis is stopped halfway through."""
+    port = os.environ["REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
+    stopper = subprocess.Popen(
+        ["sh", "-c", f"sleep {seconds / 2}; redis-cli -p {port} shutdown nosave"]
+    )
+    sample = wrk(url, VARIANTS[4], prefix, seconds, connections)
+    stopper.wait()
+    subprocess.run(
+        ["redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--daemonize", "yes"],
+        check=True,
+    )
+    return sample
+
+
+def latency_at_scale(records: int, samples: int) -> dict[str, float]:
+    """Median and p95 claim and replay latency (ms) with `records` rows in the table."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
+    from django_idempotency.models import IdempotencyRecord
+    from django_idempotency.stores import ClaimRequest, get_store
+
+    table = IdempotencyRecord._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table} WHERE namespace = 'scale'")
+        present = cursor.fetchone()[0]
+        if present < records:
+            # One statement, rows shaped like real completed records.
+            cursor.execute(
+                f"""INSERT INTO {table} (namespace, owner, key, fingerprint, status, method, path,
+                    response_status, response_headers, response_body, lease_token, created_at,
+                    completed_at, expires_at)
+                SELECT 'scale', '', 'scale-' || n, md5(n::text) || md5(n::text), 'completed',
+                    'POST', '/api/payments/', 201, '[["Content-Type", "application/json"]]',
+                    convert_to('{{"id": ' || n || ', "amount": 100}}', 'UTF8'), md5(n::text),
+                    now(), now(), now() + interval '30 days'
+                FROM generate_series(%s, %s) AS n""",
+                [present, records - 1],
+            )
+        cursor.execute(f"VACUUM ANALYZE {table}")
+    store = get_store()
+
+    def request(key: str, fingerprint: str) -> ClaimRequest:
+        return ClaimRequest(
+            scope=Scope("scale", "", key),
+            fingerprint=fingerprint,
+            method="POST",
+            path="/api/payments/",
+            now=timezone.now(),
+            ttl=timedelta(hours=1),
+            lease=timedelta(seconds=60),
+        )
+
+    def timed(action: Callable[[], None]) -> list[float]:
+        durations = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            action()
+            durations.append((time.perf_counter() - started) * 1000)
+        return durations
+
+    def claim() -> None:
+        fresh = store.begin(request(f"fresh-{uuid.uuid4()}", "0" * 64))
+        assert fresh.outcome is Outcome.FRESH
+        store.complete(fresh, StoredResponse(201, [], b"{}"), timezone.now())
+
+    def replay() -> None:
+        n = random.randrange(records)
+        digest = hashlib.md5(str(n).encode()).hexdigest()  # As the INSERT above made them.
+        assert store.begin(request(f"scale-{n}", digest * 2)).outcome is Outcome.REPLAY
+
+    claims, replays = timed(claim), timed(replay)
+    IdempotencyRecord.objects.filter(key__startswith="fresh-").delete()
+    return {
+        "claim_p50": statistics.median(claims),
+        "claim_p95": statistics.quantiles(claims, n=20)[-1],
+        "replay_p50": statistics.median(replays),
+        "replay_p95": statistics.quantiles(replays, n=20)[-1],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=8, help="per variant and round")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--large", type=int, default=10_000_000, help="records for the scale test")
+    parser.add_argument("--small", type=int, default=10_000)
+    parser.add_argument("--skip-scale", action="store_true")
+    args = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    run_id = uuid.uuid4().hex[:8]
+    busy_key = f"busy-{run_id}"
+    hold_busy_key(busy_key)
+
+    results: dict[str, list[Sample]] = {variant.name: [] for variant in VARIANTS}
+    with (
+        gunicorn(8101, {"IDEMPOTENCY_CACHE": ""}) as db_url,
+        gunicorn(8102, {"IDEMPOTENCY_CACHE": "idempotency"}) as cache_url,
+    ):
+        urls = {"db": db_url, "cache": cache_url}
+        seed(db_url, f"replay-{run_id}")
+        for round_number in range(args.rounds):
+            for variant in VARIANTS:  # Interleaved: every round measures every variant.
+                prefix = f"{variant.prefix or 'fresh'}-{run_id}"
+                if variant.mode == "unique":
+                    prefix += f"-{round_number}"
+                sample = wrk(urls[variant.server], variant, prefix, args.seconds, args.connections)
+                results[variant.name].append(sample)
+                print(f"round {round_number + 1} {variant.name}: {sample.rps:.0f} req/s", flush=True)
+        outage = redis_outage(cache_url, f"replay-{run_id}", args.seconds, args.connections)
+
+    statements = statements_per_request(busy_key)
+    plain = results[VARIANTS[0].name]
+    print("\n| variant | req/s | p50 ms | p95 ms | p99 ms | × plain | SQL statements |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for variant in VARIANTS:
+        samples = results[variant.name]
+        ratios = [s.rps / p.rps for s, p in zip(samples, plain, strict=True)]
+        print(
+            f"| {variant.name} | {statistics.median(s.rps for s in samples):.0f} "
+            f"| {statistics.median(s.p50 for s in samples):.1f} "
+            f"| {statistics.median(s.p95 for s in samples):.1f} "
+            f"| {statistics.median(s.p99 for s in samples):.1f} "
+            f"| {statistics.median(ratios):.2f} | {statements[variant.name]} |"
+        )
+    errors = sum(s.socket_errors for samples in results.values() for s in samples)
+    print(f"\nSocket errors over all runs: {errors}")
+    print(
+        f"Redis stopped halfway through {args.seconds} s of cached replays: "
+        f"{outage.rps:.0f} req/s, {outage.non_2xx} non-2xx, {outage.socket_errors} socket errors"
+    )
+    if not args.skip_scale:
+        small = latency_at_scale(args.small, 2000)
+        large = latency_at_scale(args.large, 2000)
+        print(f"\n| store latency, ms | {args.small:,} records | {args.large:,} records | ratio |")
+        print("|---|---:|---:|---:|")
+        for name in small:
+            print(f"| {name} | {small[name]:.3f} | {large[name]:.3f} | {large[name] / small[name]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
