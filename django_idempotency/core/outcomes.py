@@ -56,6 +56,15 @@ class Claim:
     expires_at: datetime | None = None
 
 
+def is_abandoned(
+    *, status: str, expires_at: datetime, lease_expires_at: datetime | None, now: datetime
+) -> bool:
+    """Expired, or claimed by a request whose lease ran out: free for the next request."""
+    if expires_at <= now:
+        return True
+    return status == Status.IN_PROGRESS and lease_expires_at is not None and lease_expires_at <= now
+
+
 def classify(
     *,
     status: str,
@@ -66,8 +75,8 @@ def classify(
 ) -> Outcome:
     """Decide what an existing record means for a new request with the same scope and key.
 
-    Expired records and stale leases are taken over by the store itself; one still seen here was
-    taken over by a concurrent request a moment ago, so it counts as in progress.
+    Abandoned records (see `is_abandoned`) are taken over by the store itself; one still seen
+    here was taken over by a concurrent request a moment ago, so it counts as in progress.
     """
     if expires_at <= now:
         return Outcome.IN_PROGRESS

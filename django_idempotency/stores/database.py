@@ -29,6 +29,7 @@ from django_idempotency.core.outcomes import (
     Status,
     StoredResponse,
     classify,
+    is_abandoned,
 )
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult, StoreUnavailable
@@ -91,25 +92,26 @@ class DatabaseStore(BaseStore):
         connection = self.connection
         token = uuid.uuid4().hex
         try:
-            sql, params = self._claim_statement(connection, request, token)
-            rows = list(IdempotencyRecord.objects.using(self.alias).raw(sql, params))
-            if not rows:
-                # The row was committed between our snapshot and our insert: look again.
-                rows = list(
-                    IdempotencyRecord.objects.using(self.alias).filter(
-                        namespace=request.scope.namespace,
-                        owner=request.scope.owner,
-                        key=request.scope.key,
-                    )
+            record = self._insert_or_find(connection, request, token)
+            if record is None:
+                return Claim(Outcome.IN_PROGRESS)
+            claimed = getattr(record, "claimed", False)
+            if (
+                not claimed
+                and getattr(record, "acquired", True)  # Nobody else is claiming it right now.
+                and is_abandoned(
+                    status=record.status,
+                    expires_at=record.expires_at,
+                    lease_expires_at=record.lease_expires_at,
+                    now=request.now,
                 )
+            ):
+                claimed = self._take_over(record, request, token)
         except _UNREACHABLE as exc:
             if _is_sqlite_busy(connection, exc):
                 return Claim(Outcome.IN_PROGRESS)  # SQLite's single writer is busy elsewhere.
             raise StoreUnavailable(str(exc)) from exc
-        if not rows:
-            return Claim(Outcome.IN_PROGRESS)
-        record = rows[0]
-        if getattr(record, "claimed", False):
+        if claimed:
             return Claim(
                 Outcome.FRESH,
                 record_id=record.pk,
@@ -136,6 +138,53 @@ class DatabaseStore(BaseStore):
                 expires_at=record.expires_at,
             )
         return Claim(outcome, record_id=record.pk, lease_expires_at=record.lease_expires_at)
+
+    def _insert_or_find(
+        self, connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
+    ) -> IdempotencyRecord | None:
+        """One statement: insert the claim, or return the record already holding the key."""
+        sql, params = self._claim_statement(connection, request, token)
+        rows = list(IdempotencyRecord.objects.using(self.alias).raw(sql, params))
+        if not rows:
+            # Committed between our snapshot and our insert (or, on SQLite, not inserted):
+            # a fresh statement sees it.
+            rows = list(
+                IdempotencyRecord.objects.using(self.alias).filter(
+                    namespace=request.scope.namespace,
+                    owner=request.scope.owner,
+                    key=request.scope.key,
+                )
+            )
+        return rows[0] if rows else None
+
+    def _take_over(self, record: IdempotencyRecord, request: ClaimRequest, token: str) -> bool:
+        """Claim an abandoned record, unless a concurrent request got there first."""
+        now = request.now
+        record.fingerprint = request.fingerprint
+        record.lease_expires_at = now + request.lease if request.lease is not None else None
+        record.expires_at = now + request.ttl
+        updated = (
+            IdempotencyRecord.objects.using(self.alias)
+            .filter(
+                Q(expires_at__lte=now) | Q(status=Status.IN_PROGRESS, lease_expires_at__lte=now),
+                pk=record.pk,
+            )
+            .update(
+                fingerprint=record.fingerprint,
+                status=Status.IN_PROGRESS.value,
+                method=request.method,
+                path=request.path,
+                response_status=None,
+                response_headers=[],
+                response_body=None,
+                lease_token=token,
+                lease_expires_at=record.lease_expires_at,
+                created_at=now,
+                completed_at=None,
+                expires_at=record.expires_at,
+            )
+        )
+        return updated == 1
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
         with _reachable():
@@ -313,17 +362,7 @@ def _q(name: str) -> str:
     return f'"{name}"'
 
 
-def _upsert_tail(table: str) -> str:
-    """ON CONFLICT clause shared by both dialects: take over only expired or abandoned claims."""
-    assignments = ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in _INSERTED[3:])
-    return (
-        f"ON CONFLICT ({_q('namespace')}, {_q('owner')}, {_q('key')}) DO UPDATE SET {assignments}, "
-        f"{_q('response_status')} = NULL, {_q('response_body')} = NULL, "
-        f"{_q('completed_at')} = NULL "
-        f"WHERE {table}.{_q('expires_at')} <= excluded.{_q('created_at')} "
-        f"OR ({table}.{_q('status')} = '{Status.IN_PROGRESS.value}' "
-        f"AND {table}.{_q('lease_expires_at')} <= excluded.{_q('created_at')})"
-    )
+_ON_CONFLICT = f"ON CONFLICT ({_q('namespace')}, {_q('owner')}, {_q('key')}) DO NOTHING"
 
 
 def _postgresql_claim_sql() -> str:
@@ -335,10 +374,10 @@ def _postgresql_claim_sql() -> str:
     return (
         f"WITH lock AS (SELECT pg_try_advisory_xact_lock(%s) AS acquired), "
         f"claimed AS (INSERT INTO {table} ({', '.join(_q(c) for c in _INSERTED)}) "
-        f"SELECT {values} FROM lock WHERE lock.acquired {_upsert_tail(table)} "
+        f"SELECT {values} FROM lock WHERE lock.acquired {_ON_CONFLICT} "
         f"RETURNING {columns}) "
-        f"SELECT {columns}, TRUE AS claimed FROM claimed "
-        f"UNION ALL SELECT {columns}, FALSE AS claimed FROM {table} "
+        f"SELECT {columns}, TRUE AS claimed, TRUE AS acquired FROM claimed "
+        f"UNION ALL SELECT {columns}, FALSE, (SELECT acquired FROM lock) FROM {table} "
         f"WHERE {_q('namespace')} = %s AND {_q('owner')} = %s AND {_q('key')} = %s "
         f"AND NOT EXISTS (SELECT 1 FROM claimed)"
     )
@@ -350,5 +389,5 @@ def _sqlite_claim_sql() -> str:
     values = ", ".join("%s" for _ in _INSERTED)
     return (
         f"INSERT INTO {table} ({', '.join(_q(c) for c in _INSERTED)}) VALUES ({values}) "
-        f"{_upsert_tail(table)} RETURNING {columns}, 1 AS claimed"
+        f"{_ON_CONFLICT} RETURNING {columns}, 1 AS claimed"
     )
