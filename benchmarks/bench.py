@@ -76,10 +76,21 @@ def gunicorn(port: int, extra_env: dict[str, str]) -> Iterator[str]:
     env = {**os.environ, "DJANGO_DEBUG": "0", "CONN_MAX_AGE": "60", **extra_env}
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "gunicorn", "testproject.wsgi", "--workers", "2",
-            "--worker-class", "gthread", "--threads", "4", "--bind", f"127.0.0.1:{port}",
-            "--log-level", "warning",
-        ],  # fmt: skip
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "testproject.wsgi",
+            "--workers",
+            "2",
+            "--worker-class",
+            "gthread",
+            "--threads",
+            "4",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "warning",
+        ],
         cwd=ROOT,
         env=env,
     )
@@ -129,21 +140,23 @@ def hold_busy_key(key: str) -> None:
     )
 
 
-def statements_per_request(busy_key: str) -> dict[str, int]:
-    """SQL statements each variant runs, counted in-process on the same database."""
+def statements_per_request(busy_key: str) -> dict[str, str]:
+    """SQL each variant runs, counted in-process on the same database ("2 + 2": + BEGIN/COMMIT)."""
     from django.core.cache import caches
     from django.db import connection
     from django.test import Client, override_settings
     from django.test.utils import CaptureQueriesContext
 
-    def count(path: str, key: str | None, **settings: object) -> int:
+    def count(path: str, key: str | None, **settings: object) -> str:
         headers = {"Idempotency-Key": key} if key else {}
         with override_settings(**settings), CaptureQueriesContext(connection) as captured:
             response = Client(SERVER_NAME="localhost").post(
                 path, json.dumps(BODY), content_type="application/json", headers=headers
             )
         assert response.status_code in (201, 409), response.content
-        return len(captured)
+        sql = [query["sql"] for query in captured.captured_queries]
+        control = sum(statement in ("BEGIN", "COMMIT", "ROLLBACK") for statement in sql)
+        return f"{len(sql) - control} + {control}" if control else str(len(sql))
 
     # Persistent connection and a warm-up request: count the requests' statements, not the
     # connection set-up (SET TIME ZONE) a fresh connection runs once.
@@ -283,12 +296,12 @@ def main() -> None:
                     prefix += f"-{round_number}"
                 sample = wrk(urls[variant.server], variant, prefix, args.seconds, args.connections)
                 results[variant.name].append(sample)
-                print(f"round {round_number + 1} {variant.name}: {sample.rps:.0f} req/s", flush=True)
+                print(f"round {round_number + 1}, {variant.name}: {sample.rps:.0f} req/s")
         outage = redis_outage(cache_url, f"replay-{run_id}", args.seconds, args.connections)
 
     statements = statements_per_request(busy_key)
     plain = results[VARIANTS[0].name]
-    print("\n| variant | req/s | p50 ms | p95 ms | p99 ms | × plain | SQL statements |")
+    print("\n| variant | req/s | p50 ms | p95 ms | p99 ms | vs plain | SQL (+ BEGIN/COMMIT) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for variant in VARIANTS:
         samples = results[variant.name]
@@ -301,7 +314,7 @@ def main() -> None:
             f"| {statistics.median(ratios):.2f} | {statements[variant.name]} |"
         )
     errors = sum(s.socket_errors for samples in results.values() for s in samples)
-    print(f"\nSocket errors over all runs: {errors}")
+    print(f"\nSocket errors over all runs: {errors}", flush=True)
     print(
         f"Redis stopped halfway through {args.seconds} s of cached replays: "
         f"{outage.rps:.0f} req/s, {outage.non_2xx} non-2xx, {outage.socket_errors} socket errors"
@@ -311,8 +324,8 @@ def main() -> None:
         large = latency_at_scale(args.large, 2000)
         print(f"\n| store latency, ms | {args.small:,} records | {args.large:,} records | ratio |")
         print("|---|---:|---:|---:|")
-        for name in small:
-            print(f"| {name} | {small[name]:.3f} | {large[name]:.3f} | {large[name] / small[name]:.2f} |")
+        for name, value in small.items():
+            print(f"| {name} | {value:.3f} | {large[name]:.3f} | {large[name] / value:.2f} |")
 
 
 if __name__ == "__main__":
