@@ -4,47 +4,61 @@
 
 It works in a throw-away database of its own (created beside DATABASE_URL's, dropped at the
 end): inserts the expired records in one INSERT … SELECT generate_series statement, measures
-fresh claims (begin + complete, atomic mode) from --threads threads for a few seconds, then
-purges while those threads go on claiming, and prints both latency distributions.
+fresh claims (begin + complete, atomic mode) from --clients threads (or, with --processes,
+processes) for a few seconds, then purges while they go on claiming, and prints the purge rate and
+both claim latency distributions. It stops by itself and exits non-zero if the purge left an
+expired record behind or deleted a live one.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class Stop(Protocol):
+    def is_set(self) -> bool: ...
+    def set(self) -> None: ...
+
+
 @dataclass
 class Claims:
-    """Latencies of the fresh claims made while a phase ran, in milliseconds."""
+    """The fresh claims made while a phase ran: (monotonic start, latency in ms) each."""
 
-    latencies: list[float] = field(default_factory=list)
+    latencies: list[tuple[float, float]] = field(default_factory=list)
     errors: int = 0
 
-    def summary(self) -> str:
-        if not self.latencies:
+    def summary(self, start: float = 0.0, end: float = float("inf")) -> str:
+        """Percentiles of the claims that started between `start` and `end`."""
+        ordered = sorted(ms for at, ms in self.latencies if start <= at <= end)
+        if not ordered:
             return "no claims"
-        ordered = sorted(self.latencies)
+        starts = [at for at, _ in self.latencies]
+        rate = len(ordered) / max(min(end, max(starts)) - max(start, min(starts)), 1e-9)
 
         def pct(p: float) -> float:
             return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
         return (
-            f"{len(ordered):>6,} claims  p50 {pct(50):6.2f}  p95 {pct(95):6.2f}  "
+            f"{rate:>5,.0f} claims/s  p50 {pct(50):6.2f}  p95 {pct(95):6.2f}  "
             f"p99 {pct(99):6.2f}  max {ordered[-1]:7.2f} ms  errors {self.errors}"
         )
 
 
-def claim_loop(stop: threading.Event, claims: Claims, worker: int, lock: threading.Lock) -> None:
+def claim_loop(stop: Stop, worker: int) -> Claims:
     """Claim fresh keys and store a response, as a request in atomic mode does, until `stop`."""
     from django.db import connections
     from django.utils import timezone
@@ -54,6 +68,7 @@ def claim_loop(stop: threading.Event, claims: Claims, worker: int, lock: threadi
 
     store = get_store()
     response = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": 1}')
+    claims = Claims()
     number = 0
     try:
         while not stop.is_set():
@@ -67,6 +82,7 @@ def claim_loop(stop: threading.Event, claims: Claims, worker: int, lock: threadi
                 ttl=timedelta(hours=24),
                 lease=None,
             )
+            at = time.monotonic()
             started = time.perf_counter()
             try:
                 with store.atomic():
@@ -76,32 +92,52 @@ def claim_loop(stop: threading.Event, claims: Claims, worker: int, lock: threadi
                     )
             except Exception:
                 ok = False
-            elapsed = (time.perf_counter() - started) * 1000
-            with lock:
-                if ok:
-                    claims.latencies.append(elapsed)
-                else:
-                    claims.errors += 1
+            if ok:
+                claims.latencies.append((at, (time.perf_counter() - started) * 1000))
+            else:
+                claims.errors += 1
     finally:
         connections.close_all()  # Lets the benchmark database be dropped.
+    return claims
 
 
-def run_claims(threads: int, during: threading.Event | float, target: Claims) -> None:
-    """Claim from `threads` threads for `during` seconds, or until the event is set."""
-    stop = threading.Event()
-    lock = threading.Lock()
-    workers = [
-        threading.Thread(target=claim_loop, args=(stop, target, n, lock)) for n in range(threads)
-    ]
+def _claim_process(stop: Stop, worker: int, results: Any) -> None:
+    results.put(claim_loop(stop, worker))
+
+
+@contextmanager
+def claiming(clients: int, processes: bool) -> Iterator[Claims]:
+    """Claim from `clients` threads (or processes) while the block runs; fill the Claims."""
+    from django.db import connections
+
+    total = Claims()
+    if processes:
+        context = multiprocessing.get_context("fork")
+        stop: Stop = context.Event()
+        queue = context.Queue()
+        connections.close_all()  # A forked child must open its own connection.
+        workers: list[Any] = [
+            context.Process(target=_claim_process, args=(stop, n, queue)) for n in range(clients)
+        ]
+    else:
+        stop = threading.Event()
+        results: list[Claims] = []
+        workers = [
+            threading.Thread(target=lambda n=n: results.append(claim_loop(stop, n)))
+            for n in range(clients)
+        ]
     for worker in workers:
         worker.start()
-    if isinstance(during, threading.Event):
-        during.wait()
-    else:
-        time.sleep(during)
-    stop.set()
-    for worker in workers:
-        worker.join()
+    try:
+        yield total
+    finally:
+        stop.set()
+        collected = [queue.get() for _ in workers] if processes else results
+        for worker in workers:
+            worker.join()
+        for claims in collected:
+            total.latencies += claims.latencies
+            total.errors += claims.errors
 
 
 def insert_expired(count: int, live: int) -> None:
@@ -144,7 +180,12 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000, help="expired records")
     parser.add_argument("--live", type=int, default=100_000, help="unexpired records kept")
     parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=4, help="threads claiming fresh keys")
+    parser.add_argument("--clients", type=int, default=4, help="threads claiming fresh keys")
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="claim from processes instead of threads (no GIL shared with the purge)",
+    )
     parser.add_argument("--baseline", type=float, default=5.0, help="seconds of claims alone")
     options = parser.parse_args()
 
@@ -167,17 +208,17 @@ def main() -> None:
         print(
             f"PostgreSQL {connection.pg_version // 10000}, {os.cpu_count()} cores; "
             f"{options.records:,} expired + {options.live:,} live records, "
-            f"batch size {options.batch_size:,}, {options.threads} claiming threads"
+            f"batch size {options.batch_size:,}, {options.clients} claiming "
+            f"{'processes' if options.processes else 'threads'}; "
+            f"load average {os.getloadavg()[0]:.1f}"
         )
         started = time.perf_counter()
         insert_expired(options.records, options.live)
         print(f"Inserted in {time.perf_counter() - started:.1f} s")
 
-        before = Claims()
-        run_claims(options.threads, options.baseline, before)
+        with claiming(options.clients, options.processes) as before:
+            time.sleep(options.baseline)
 
-        during = Claims()
-        done = threading.Event()
         batch_times: list[float] = []
         last = time.perf_counter()
 
@@ -187,15 +228,12 @@ def main() -> None:
             batch_times.append((now - last) * 1000)
             last = now
 
-        claimer = threading.Thread(target=run_claims, args=(options.threads, done, during))
-        claimer.start()
-        time.sleep(0.2)  # Claims are under way before the purge starts.
-        try:
+        with claiming(options.clients, options.processes) as during:
+            time.sleep(0.5)  # Claims are under way before the purge starts.
             last = time.perf_counter()
+            purge_started = time.monotonic()
             report = purge_expired_records(batch_size=options.batch_size, progress=progress)
-        finally:
-            done.set()
-            claimer.join()
+            purge_ended = time.monotonic()
 
         left = IdempotencyRecord.objects.filter(namespace="bench").count()
         live = IdempotencyRecord.objects.filter(key__startswith="live-").count()
@@ -204,12 +242,15 @@ def main() -> None:
             f"{report.abandoned:,} abandoned) in {report.batches:,} batches, "
             f"{report.seconds:.2f} s: {report.total / report.seconds:,.0f} records/s"
         )
+        tenth = max(1, len(batch_times) // 10)
         print(
-            f"Batch duration: median {statistics.median(batch_times):.1f} ms, "
+            f"Batch duration: median {statistics.median(batch_times):.1f} ms "
+            f"(first tenth {statistics.median(batch_times[:tenth]):.1f}, "
+            f"last tenth {statistics.median(batch_times[-tenth:]):.1f}), "
             f"max {max(batch_times):.1f} ms"
         )
         print(f"Claims before the purge: {before.summary()}")
-        print(f"Claims during the purge: {during.summary()}")
+        print(f"Claims during the purge: {during.summary(purge_started, purge_ended)}")
         print(f"Left: {left - live:,} expired (expected 0), {live:,} live of {options.live:,}")
         if left - live or live != options.live:
             sys.exit("The purge left expired records behind or deleted live ones.")

@@ -70,3 +70,25 @@ REST_FRAMEWORK = {
 # django-idempotency: keys are optional by default; the payments endpoints require them.
 IDEMPOTENCY_TTL = 24 * 60 * 60
 IDEMPOTENCY_MODE = os.environ.get("IDEMPOTENCY_MODE", "atomic")
+
+# The cache tier, when a Redis is at hand: IDEMPOTENCY_CACHE=idempotency REDIS_URL=redis://...
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+if os.environ.get("REDIS_URL"):
+    CACHES["idempotency"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": os.environ["REDIS_URL"].rstrip("/") + "/3",
+        # Fail fast when Redis is gone: the tier falls back to the database.
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.2},
+    }
+IDEMPOTENCY_CACHE = os.environ.get("IDEMPOTENCY_CACHE") or None
+
+# Celery, when installed (`celery -A testproject worker --beat`): Redis as broker and result store.
+CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799/0")
+CELERY_RESULT_BACKEND = CELERY_BROKER_URL
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "purge-expired-idempotency-records": {
+        "task": "django_idempotency.tasks.purge_expired_records",
+        "schedule": 3600,  # Hourly; the purge runs in short batches beside live traffic.
+    },
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib import admin
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
@@ -14,6 +15,7 @@ router.register("throttled/charges", views.ThrottledChargeViewSet, basename="thr
 router.register("leased/charges", views.LeasedChargeViewSet, basename="leased-charges")
 
 urlpatterns = [
+    path("admin/", admin.site.urls),
     path("function/charges/", views.function_view),
     path("cbv/charges/", views.ClassView.as_view()),
     path("api-view/charges/", views.drf_function_view),

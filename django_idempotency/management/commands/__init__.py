@@ -1,0 +1,1 @@
+"""`idempotency_purge`: delete expired records and abandoned claims."""

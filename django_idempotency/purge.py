@@ -1,0 +1,72 @@
+"""The one purge of expired records and abandoned claims, behind the command and the task."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.utils import timezone
+
+from django_idempotency.stores import PurgeResult, get_store
+
+logger = logging.getLogger("django_idempotency")
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """What one purge deleted (or, in a dry run, would delete), and how long it took."""
+
+    expired: int  # Completed records past their expiry.
+    abandoned: int  # In-progress claims whose worker is gone (lease run out) or that expired.
+    total: int
+    batches: int  # Zero in a dry run, which only counts.
+    seconds: float
+    dry_run: bool
+
+
+def purge_expired_records(
+    *,
+    batch_size: int = 1000,
+    namespace: str | None = None,
+    dry_run: bool = False,
+    progress: Callable[[PurgeResult], None] | None = None,
+) -> PurgeReport:
+    """Delete expired records and abandoned claims in batches of `batch_size`, one transaction
+    each, so live claims never wait long; `progress` gets the running counts after each batch.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
+    started = time.perf_counter()
+    result = get_store().purge(
+        timezone.now(),
+        batch_size=batch_size,
+        namespace=namespace,
+        dry_run=dry_run,
+        progress=progress,
+    )
+    report = PurgeReport(
+        expired=result.expired,
+        abandoned=result.abandoned,
+        total=result.total,
+        batches=result.batches,
+        seconds=time.perf_counter() - started,
+        dry_run=dry_run,
+    )
+    logger.info(
+        "%s %s (%d expired, %d abandoned)%s in %.2f s, %s of up to %d",
+        "Would purge" if dry_run else "Purged",
+        _count(report.total, "idempotency record"),
+        report.expired,
+        report.abandoned,
+        "" if namespace is None else f" in namespace {namespace!r}",
+        report.seconds,
+        _count(report.batches, "batch", "batches"),
+        batch_size,
+    )
+    return report
+
+
+def _count(number: int, singular: str, plural: str | None = None) -> str:
+    return f"{number:,} {singular if number == 1 else plural or singular + 's'}"

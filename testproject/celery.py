@@ -1,0 +1,13 @@
+"""The demo's Celery app: configured from the CELERY_* settings, tasks found in installed apps."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+
+app = Celery("testproject")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,187 @@
+"""The purge service: what it deletes, what it keeps, and how it reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.purge import PurgeReport, purge_expired_records
+from django_idempotency.stores import PurgeResult
+from tests.factories import IdempotencyRecordFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _past() -> datetime:
+    return timezone.now() - timedelta(minutes=5)
+
+
+def _make_expired(count: int, **kwargs: object) -> list[IdempotencyRecord]:
+    return IdempotencyRecordFactory.create_batch(count, expires_at=_past(), **kwargs)
+
+
+def _make_abandoned(count: int, **kwargs: object) -> list[IdempotencyRecord]:
+    return IdempotencyRecordFactory.create_batch(
+        count, in_progress=True, lease_expires_at=_past(), **kwargs
+    )
+
+
+def _make_live() -> set[int]:
+    """A completed record still replaying, a leased claim still running, an atomic claim."""
+    records = [
+        IdempotencyRecordFactory(),
+        IdempotencyRecordFactory(in_progress=True),
+        IdempotencyRecordFactory(in_progress=True, lease_expires_at=None),
+    ]
+    return {record.pk for record in records}
+
+
+def _remaining() -> set[int]:
+    return set(IdempotencyRecord.objects.values_list("pk", flat=True))
+
+
+def test_expired_records_and_abandoned_claims_are_purged_and_counted_apart() -> None:
+    _make_expired(3)
+    _make_abandoned(2)
+    # An in-progress claim past its expiry was abandoned too, even with its lease still running.
+    IdempotencyRecordFactory(in_progress=True, expires_at=_past())
+    live = _make_live()
+
+    report = purge_expired_records()
+
+    assert (report.expired, report.abandoned, report.total) == (3, 3, 6)
+    assert report.batches == 1
+    assert report.dry_run is False
+    assert report.seconds >= 0
+    assert _remaining() == live
+
+
+def test_nothing_to_purge_reports_zero_and_keeps_everything() -> None:
+    live = _make_live()
+
+    report = purge_expired_records()
+
+    assert (report.expired, report.abandoned, report.total, report.batches) == (0, 0, 0, 0)
+    assert _remaining() == live
+
+
+def test_a_record_expiring_later_is_kept() -> None:
+    IdempotencyRecordFactory(expires_at=timezone.now() + timedelta(seconds=30))
+
+    assert purge_expired_records().total == 0
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def test_namespace_limits_the_purge_to_that_namespace() -> None:
+    _make_expired(2, namespace="payments")
+    _make_abandoned(1, namespace="payments")
+    others = {r.pk for r in _make_expired(2, namespace="refunds") + _make_abandoned(1)}
+
+    report = purge_expired_records(namespace="payments")
+
+    assert (report.expired, report.abandoned) == (2, 1)
+    assert _remaining() == others
+
+
+def test_a_dry_run_counts_what_would_go_and_deletes_nothing() -> None:
+    _make_expired(4)
+    _make_abandoned(1)
+    _make_live()
+    before = _remaining()
+
+    report = purge_expired_records(dry_run=True)
+
+    assert (report.expired, report.abandoned, report.total) == (4, 1, 5)
+    assert report.dry_run is True
+    assert report.batches == 0
+    assert _remaining() == before
+
+
+def test_a_dry_run_honours_the_namespace() -> None:
+    _make_expired(2, namespace="payments")
+    _make_expired(3, namespace="refunds")
+
+    assert purge_expired_records(dry_run=True, namespace="refunds").total == 3
+    assert IdempotencyRecord.objects.count() == 5
+
+
+def test_records_go_in_batches_of_batch_size() -> None:
+    _make_expired(5)
+    _make_abandoned(2)
+    live = _make_live()
+
+    report = purge_expired_records(batch_size=3)
+
+    assert report.batches == 3  # 3 + 3 + 1
+    assert report.total == 7
+    assert _remaining() == live
+
+
+def test_progress_is_called_after_each_batch_with_the_running_counts() -> None:
+    _make_expired(5)
+    seen: list[tuple[int, int]] = []
+
+    def progress(result: PurgeResult) -> None:
+        seen.append((result.batches, result.total))
+
+    purge_expired_records(batch_size=2, progress=progress)
+
+    assert seen == [(1, 2), (2, 4), (3, 5)]
+
+
+def test_a_dry_run_reports_no_progress() -> None:
+    _make_expired(3)
+    seen: list[PurgeResult] = []
+
+    purge_expired_records(batch_size=1, dry_run=True, progress=seen.append)
+
+    assert seen == []
+
+
+def test_one_log_line_gives_the_counts_and_duration(caplog: pytest.LogCaptureFixture) -> None:
+    _make_expired(2)
+    _make_abandoned(1)
+
+    with caplog.at_level(logging.INFO, logger="django_idempotency"):
+        purge_expired_records(namespace="default")
+
+    [record] = [r for r in caplog.records if r.name == "django_idempotency"]
+    assert record.levelno == logging.INFO
+    message = record.getMessage()
+    assert message.startswith(
+        "Purged 3 idempotency records (2 expired, 1 abandoned) in namespace 'default' in "
+    )
+    assert message.endswith(" s, 1 batch of up to 1000")
+
+
+def test_a_dry_run_logs_what_it_would_purge(caplog: pytest.LogCaptureFixture) -> None:
+    _make_expired(1)
+
+    with caplog.at_level(logging.INFO, logger="django_idempotency"):
+        purge_expired_records(dry_run=True)
+
+    assert "Would purge 1 idempotency record (1 expired, 0 abandoned) in " in caplog.text
+    assert "0 batches" in caplog.text
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5, True])
+def test_a_batch_size_that_is_not_a_positive_integer_is_refused(batch_size: object) -> None:
+    _make_expired(1)
+
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        purge_expired_records(batch_size=batch_size)  # type: ignore[arg-type]
+
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def test_the_report_is_a_frozen_value() -> None:
+    report = purge_expired_records()
+
+    assert isinstance(report, PurgeReport)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.total = 1  # type: ignore[misc]
