@@ -48,3 +48,13 @@ def database_down(transactional_db: None) -> Iterator[None]:
 @pytest.fixture(params=list(ViewKind), ids=lambda kind: kind.name.lower())
 def view_kind(request: pytest.FixtureRequest) -> ViewKind:
     return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def atomic_requests() -> Iterator[None]:
+    """Turn on ATOMIC_REQUESTS for the default database, as a project's settings would."""
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        yield
+    finally:
+        connection.settings_dict["ATOMIC_REQUESTS"] = False

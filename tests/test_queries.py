@@ -6,8 +6,6 @@ atomic mode opens a transaction of its own only when no caller's transaction is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from django.db import connection
 from django.test import Client, override_settings
@@ -40,15 +38,6 @@ def _added(mode: str) -> tuple[tuple[int, int], tuple[int, int]]:
         fresh = _run(client, key="fresh")
         replay = _run(client, key="fresh")
     return (fresh[0] - plain[0], fresh[1] - plain[1]), replay
-
-
-@pytest.fixture
-def atomic_requests() -> Iterator[None]:
-    connection.settings_dict["ATOMIC_REQUESTS"] = True
-    try:
-        yield
-    finally:
-        connection.settings_dict["ATOMIC_REQUESTS"] = False
 
 
 @pytest.mark.django_db(transaction=True)

@@ -118,7 +118,7 @@ def test_streaming_responses_are_not_stored_and_say_so(
 
 @pytest.mark.django_db(transaction=True)
 def test_under_atomic_requests_a_crash_rolls_back_the_view_and_the_claim(
-    settings_atomic_requests: None,
+    atomic_requests: None,
 ) -> None:
     client = Client(raise_request_exception=False)
 
@@ -133,21 +133,10 @@ def test_under_atomic_requests_a_crash_rolls_back_the_view_and_the_claim(
 
 @pytest.mark.django_db(transaction=True)
 def test_under_atomic_requests_a_returned_500_releases_the_key(
-    settings_atomic_requests: None, client: Client
+    atomic_requests: None, client: Client
 ) -> None:
     assert post(client, URL, outcome="server-error").status_code == 500
     # The request's own transaction commits a returned response, as Django does; the key is
     # released all the same, so the retry runs.
     assert not IdempotencyRecord.objects.exists()
     assert post(client, URL).status_code == 201
-
-
-@pytest.fixture
-def settings_atomic_requests() -> Iterator[None]:
-    from django.db import connection
-
-    connection.settings_dict["ATOMIC_REQUESTS"] = True
-    try:
-        yield
-    finally:
-        connection.settings_dict["ATOMIC_REQUESTS"] = False
