@@ -32,6 +32,7 @@ def idempotent(
     on_conflict: OnConflict | None = None,
     namespace: str | None = None,
     header: str | None = None,
+    verify: Callable[[Any], None] | None = None,
 ) -> Callable[[View], View]: ...
 
 
@@ -45,12 +46,15 @@ def idempotent(
     on_conflict: OnConflict | None = None,
     namespace: str | None = None,
     header: str | None = None,
+    verify: Callable[[Any], None] | None = None,
 ) -> Any:
     """Run the view once per idempotency key; replay its stored response to every retry.
 
     Guards every unsafe method that reaches the view. Options left out come from the view's
     ``idempotency_*`` attributes (see `IdempotencyMixin`), then from the ``IDEMPOTENCY_*``
-    settings. ``header`` reads the key from another header, e.g. ``webhook-id``.
+    settings. ``header`` reads the key from another header, e.g. ``webhook-id``; ``verify``
+    is called with the request before anything is claimed and rejects it by raising
+    `DeliveryRejected` (see `django_idempotency.webhooks.StandardWebhooks`).
     """
     options = Options(
         required=required,
@@ -59,6 +63,7 @@ def idempotent(
         on_conflict=on_conflict,
         namespace=namespace,
         header=header,
+        verify=verify,
     )
 
     def decorate(func: View) -> View:

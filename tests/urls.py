@@ -24,5 +24,6 @@ urlpatterns = [
     path("async-cbv/charges/", views.AsyncClassView.as_view()),
     path("binary/", views.binary_view),
     path("streaming/", views.streaming_view),
+    path("webhooks/", views.webhook_view),
     *router.urls,
 ]

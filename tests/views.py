@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views import View
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import permissions, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.request import Request
@@ -19,6 +21,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import idempotent
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
+from django_idempotency.webhooks import StandardWebhooks
 from tests.models import Charge
 
 
@@ -187,3 +190,20 @@ def binary_view(request: HttpRequest) -> HttpResponse:
 def streaming_view(request: HttpRequest) -> StreamingHttpResponse:
     Charge.objects.create(reference=request.headers["Idempotency-Key"], amount=0)
     return StreamingHttpResponse(iter([b"a", b"b"]))
+
+
+WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"tests-only-webhook-signing-key").decode()
+
+
+@csrf_exempt
+@idempotent(
+    header="webhook-id",
+    namespace="webhooks",
+    required=True,
+    verify=StandardWebhooks(WEBHOOK_SECRET, tolerance=60),
+)
+def webhook_view(request: HttpRequest) -> HttpResponse:
+    """A Standard Webhooks receiver: each delivery (webhook-id) is handled once."""
+    event = json.loads(request.body)
+    Charge.objects.create(reference=f"event:{event['id']}", amount=event["amount"])
+    return JsonResponse({"received": event["id"]}, status=202)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -17,15 +15,17 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 
+from django_idempotency.attempts import Attempt
 from django_idempotency.conf import conf
 from django_idempotency.core.keys import InvalidKey, parse_key
-from django_idempotency.core.outcomes import Claim, Outcome, Scope
+from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
+from django_idempotency.exceptions import DeliveryRejected
 from django_idempotency.http import problems
 from django_idempotency.http.options import Options, Resolved, resolve
 from django_idempotency.http.requests import SAFE_METHODS, django_request
 from django_idempotency.http.responses import capture, replay
-from django_idempotency.stores import BaseStore, ClaimRequest, StoreUnavailable, get_store
+from django_idempotency.stores import ClaimRequest, StoreUnavailable
 
 logger = logging.getLogger("django_idempotency")
 
@@ -36,8 +36,9 @@ class Guard:
     """One request's passage through the claim state machine.
 
     `prepare` answers the request itself (replay, 409, 422, 400, 503) or claims the key; the
-    caller then runs the view and hands its response to `finish`, or calls `abort` if it raised.
-    Used as a context manager it holds atomic mode's transaction open around all three.
+    caller then runs the view and hands its response to `finish`. Used as a context manager it
+    holds atomic mode's transaction open around all three, and gives the key back if the view
+    raised.
     """
 
     def __init__(
@@ -54,11 +55,8 @@ class Guard:
         self.view = view
         self.finalize = finalize
         self.force_lease = force_lease
-        self.store: BaseStore | None = None
-        self.claim: Claim | None = None
-        self.atomic = False
-        self.owns_transaction = False  # Atomic mode opened its own: a rollback undoes the view.
-        self._transaction = contextlib.ExitStack()
+        self.attempt: Attempt | None = None
+        self._exit = contextlib.ExitStack()
 
     def __enter__(self) -> Guard:
         return self
@@ -69,9 +67,7 @@ class Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None and not self.owns_transaction:
-            self.abort()
-        self._transaction.__exit__(exc_type, exc, tb)  # Commits, or rolls back on an error.
+        self._exit.__exit__(exc_type, exc, tb)
 
     def prepare(self) -> HttpResponseBase | None:
         """A response to send instead of running the view, or None once the key is claimed."""
@@ -79,6 +75,11 @@ class Guard:
         if http_request.method in SAFE_METHODS:
             return None
         settings = resolve(self.options, self.view)
+        if settings.verify is not None:
+            try:
+                settings.verify(self.request)
+            except DeliveryRejected as exc:
+                return problems.problem_response(problems.DELIVERY_REJECTED, str(exc))
         raw_key = http_request.headers.get(settings.header)
         if raw_key is None:
             if settings.required:
@@ -106,8 +107,12 @@ class Guard:
     def _claim(
         self, settings: Resolved, scope: Scope, request_fingerprint: str, path: str
     ) -> HttpResponseBase | None:
-        store = self.store = get_store()
-        self.atomic = settings.mode == "atomic" and store.supports_atomic and not self.force_lease
+        attempt = self.attempt = self._exit.enter_context(
+            Attempt(
+                atomic=settings.mode == "atomic" and not self.force_lease,
+                on_conflict=settings.on_conflict,
+            )
+        )
         claim_request = ClaimRequest(
             scope=scope,
             fingerprint=request_fingerprint,
@@ -115,15 +120,14 @@ class Guard:
             path=path,
             now=timezone.now(),
             ttl=settings.ttl,
-            lease=None if self.atomic else conf.LEASE,
+            lease=None if attempt.atomic else conf.LEASE,
         )
         try:
-            claim = self.claim = self._begin(store, claim_request, settings)
+            claim = attempt.begin(claim_request)
         except StoreUnavailable as exc:
             logger.error("Idempotency store unreachable: %s", exc)
             return _unavailable()
         outcome = claim.outcome
-        logger.debug("idempotency %s namespace=%s", outcome.value, scope.namespace)
         if outcome is Outcome.FRESH:
             return None
         if outcome is Outcome.REPLAY:
@@ -141,33 +145,11 @@ class Guard:
             retry_after=1,
         )
 
-    def _begin(self, store: BaseStore, claim_request: ClaimRequest, settings: Resolved) -> Claim:
-        """Claim the key; with on_conflict="wait", retry with backoff until the deadline."""
-        cached = store.lookup(claim_request)
-        if cached is not None:
-            return cached  # A replay (or mismatch) without opening a transaction.
-        deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
-        delay = 0.01
-        while True:
-            if self.atomic:
-                self.owns_transaction = self._transaction.enter_context(store.atomic())
-            claim = store.begin(claim_request)
-            remaining = deadline - time.monotonic()
-            if claim.outcome is not Outcome.IN_PROGRESS or settings.on_conflict != "wait":
-                return claim
-            if remaining <= 0:
-                return claim
-            # Hold no transaction while waiting: the first request may need to finish its own.
-            self._transaction.close()
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.25)
-            claim_request = replace(claim_request, now=timezone.now())
-
     def finish(self, response: HttpResponseBase) -> HttpResponseBase:
         """Store the view's response, or release the key when it means nothing happened."""
-        if self.claim is None or self.store is None:
+        attempt = self.attempt
+        if attempt is None or attempt.claim is None:
             return response
-        claim, store, self.claim = self.claim, self.store, None
         if self.finalize is not None:
             response = self.finalize(response)
         render = getattr(response, "render", None)
@@ -178,39 +160,27 @@ class Guard:
             logger.warning(
                 "A streaming response cannot be stored; the idempotency key was released."
             )
-            _quietly(store.release, claim)
+            attempt.release(rollback=False)  # The view did its work; only the claim goes.
             return response
         if not should_store(
             stored.status,
             stored_client_errors=conf.STORED_CLIENT_ERRORS,
             store_server_errors=conf.STORE_SERVER_ERRORS,
         ):
-            if self.owns_transaction:
-                store.discard()  # Nothing happened: roll back the view's writes with the claim.
-            else:
-                _quietly(store.release, claim)
+            attempt.release()  # Nothing happened: the view's writes go with the claim.
             return response
         try:
-            kept = store.complete(claim, stored, timezone.now())
+            attempt.complete(stored)
         except StoreUnavailable as exc:
-            if self.atomic:  # The transaction holding the view's writes is lost with it.
-                if self.owns_transaction:
-                    store.discard()
+            if attempt.atomic:  # The transaction holding the view's writes is lost with it.
                 return _unavailable()
             logger.error("The response could not be stored: %s", exc)
-            return response
-        if not kept:
-            logger.warning(
-                "The lease expired and another request took the key over; this response was "
-                "not stored. Raise IDEMPOTENCY_LEASE above the view's longest run."
-            )
         return response
 
     def abort(self) -> None:
-        """The view raised: give the key back (a rollback of our own transaction does that)."""
-        claim, self.claim = self.claim, None
-        if claim is not None and self.store is not None and not self.owns_transaction:
-            _quietly(self.store.release, claim)
+        """The view raised: give the key back."""
+        if self.attempt is not None:
+            self.attempt.abort()
 
 
 def _unavailable() -> HttpResponse:
@@ -219,14 +189,6 @@ def _unavailable() -> HttpResponse:
         "The idempotency store cannot be reached, so the request was not run: retry later.",
         retry_after=5,
     )
-
-
-def _quietly(action: Callable[[Claim], bool], claim: Claim) -> None:
-    """Release on a failure path: never mask the error that got us here."""
-    try:
-        action(claim)
-    except Exception as exc:  # An aborted transaction or a lost store: the lease will expire.
-        logger.error("Could not release an idempotency claim: %s", exc)
 
 
 def run(

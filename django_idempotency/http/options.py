@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -19,6 +20,7 @@ class Options:
     on_conflict: OnConflict | None = None
     namespace: str | None = None
     header: str | None = None
+    verify: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
         # Fail at import time for a typo in a decorator, not on the first request.
@@ -40,6 +42,7 @@ class Resolved:
     on_conflict: OnConflict
     namespace: str
     header: str
+    verify: Callable[[Any], None] | None
 
 
 def resolve(options: Options, view: Any) -> Resolved:
@@ -64,6 +67,7 @@ def resolve(options: Options, view: Any) -> Resolved:
         ),
         namespace=_or(pick("namespace", "idempotency_namespace"), conf.NAMESPACE),
         header=_or(pick("header", "idempotency_header"), conf.HEADER),
+        verify=pick("verify", "idempotency_verify"),
     )
 
 

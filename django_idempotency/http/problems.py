@@ -26,6 +26,7 @@ REQUEST_TOO_LARGE = ProblemKind("request-too-large", 413, "Request body too larg
 IN_PROGRESS = ProblemKind("request-in-progress", 409, "Request in progress")
 KEY_REUSED = ProblemKind("key-reused", 422, "Idempotency key reused for a different request")
 STORE_UNAVAILABLE = ProblemKind("store-unavailable", 503, "Idempotency store unavailable")
+DELIVERY_REJECTED = ProblemKind("delivery-rejected", 400, "Webhook delivery not verified")
 
 ALL_KINDS = (
     MISSING_KEY,
@@ -35,6 +36,7 @@ ALL_KINDS = (
     IN_PROGRESS,
     KEY_REUSED,
     STORE_UNAVAILABLE,
+    DELIVERY_REJECTED,
 )
 
 

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django_idempotency.core.outcomes import Claim, Scope, StoredResponse
+from django_idempotency.exceptions import StoreUnavailable
+
+__all__ = ["BaseStore", "ClaimRequest", "PurgeResult", "StoreUnavailable"]
 
 
 @dataclass
@@ -21,10 +24,6 @@ class PurgeResult:
     @property
     def total(self) -> int:
         return self.expired + self.abandoned
-
-
-class StoreUnavailable(Exception):
-    """The store cannot be reached; requests are refused rather than run unprotected."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,169 @@
+"""One claim on a key, from begin to complete or release: shared by views, functions and tasks."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from types import TracebackType
+
+from django.dispatch import Signal
+from django.utils import timezone
+
+from django_idempotency import signals
+from django_idempotency.conf import OnConflict, conf
+from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
+from django_idempotency.stores import BaseStore, ClaimRequest, StoreUnavailable, get_store
+
+logger = logging.getLogger("django_idempotency")
+
+_SIGNALS: dict[Outcome, Signal] = {
+    Outcome.FRESH: signals.claimed,
+    Outcome.REPLAY: signals.replayed,
+    Outcome.IN_PROGRESS: signals.conflict,
+    Outcome.MISMATCH: signals.mismatch,
+}
+
+
+class Attempt:
+    """Claim a key, then store the result or give the key back.
+
+    Used as a context manager it holds atomic mode's transaction open from `begin` to the end of
+    the block: the claim, the caller's own writes and the stored result commit together, and an
+    exception rolls all of them back (or, in a caller's transaction, releases the claim).
+    """
+
+    def __init__(self, *, atomic: bool, on_conflict: OnConflict) -> None:
+        self.store: BaseStore = get_store()
+        self.atomic = atomic and self.store.supports_atomic
+        self.on_conflict = on_conflict
+        self.claim: Claim | None = None
+        self.scope: Scope | None = None
+        self.owns_transaction = False  # Atomic mode opened its own: a rollback undoes the work.
+        self._transaction = contextlib.ExitStack()
+
+    def __enter__(self) -> Attempt:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            self.abort()
+        self._transaction.__exit__(exc_type, exc, tb)  # Commits, or rolls back on an error.
+
+    def begin(self, request: ClaimRequest) -> Claim:
+        """Claim the key; with on_conflict="wait", retry with backoff until the deadline.
+
+        Raises `StoreUnavailable` when the store cannot be reached.
+        """
+        self.scope = request.scope
+        started = time.perf_counter()
+        claim = self._begin(request)
+        if claim.outcome is Outcome.FRESH:
+            self.claim = claim
+        self._announce(_SIGNALS[claim.outcome], claim.outcome.value, time.perf_counter() - started)
+        return claim
+
+    def _begin(self, request: ClaimRequest) -> Claim:
+        store = self.store
+        cached = store.lookup(request)
+        if cached is not None:
+            return cached  # A replay (or mismatch) without opening a transaction.
+        deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
+        delay = 0.01
+        while True:
+            if self.atomic:
+                self.owns_transaction = self._transaction.enter_context(store.atomic())
+            claim = store.begin(request)
+            remaining = deadline - time.monotonic()
+            if claim.outcome is not Outcome.IN_PROGRESS or self.on_conflict != "wait":
+                return claim
+            if remaining <= 0:
+                return claim
+            # Hold no transaction while waiting: the first request may need to finish its own.
+            self._transaction.close()
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.25)
+            request = replace(request, now=timezone.now())
+
+    def complete(self, result: StoredResponse) -> bool:
+        """Store the result for every retry; False if the lease was lost to another caller.
+
+        Raises `StoreUnavailable`; in atomic mode the caller's writes are then lost with it.
+        """
+        claim, self.claim = self.claim, None
+        if claim is None:
+            return False
+        try:
+            kept = self.store.complete(claim, result, timezone.now())
+        except StoreUnavailable:
+            if self.owns_transaction:
+                self.store.discard()
+            raise
+        if kept:
+            self._announce(signals.completed, "completed")
+        else:
+            logger.warning(
+                "The lease expired and another caller took the key over; this result was not "
+                "stored. Raise IDEMPOTENCY_LEASE above the work's longest run."
+            )
+        return kept
+
+    def release(self, *, rollback: bool = True) -> None:
+        """Give the key back; with ``rollback``, our own transaction's writes go with it."""
+        claim, self.claim = self.claim, None
+        if claim is None:
+            return
+        if rollback and self.owns_transaction:
+            self.store.discard()
+        else:
+            _quietly(self.store.release, claim)
+        self._announce(signals.released, "released")
+
+    def abort(self) -> None:
+        """The work raised: give the key back (a rollback of our own transaction does that)."""
+        if self.claim is not None:
+            if self.owns_transaction:
+                self.claim = None  # Leaving the transaction with the error rolls the claim back.
+                self._announce(signals.released, "released")
+            else:
+                self.release()
+
+    def _announce(self, signal: Signal, outcome: str, duration: float | None = None) -> None:
+        scope = self.scope
+        assert scope is not None
+        if logger.isEnabledFor(logging.INFO):
+            key_hash = hashlib.sha256(scope.key.encode()).hexdigest()[:16]
+            logger.info(
+                "idempotency %s namespace=%s key_hash=%s",
+                outcome,
+                scope.namespace,
+                key_hash,
+                extra={
+                    "idempotency_outcome": outcome,
+                    "idempotency_namespace": scope.namespace,
+                    "idempotency_key_hash": key_hash,
+                },
+            )
+        signal.send(
+            sender=Attempt,
+            namespace=scope.namespace,
+            owner=scope.owner,
+            key=scope.key,
+            duration=duration,
+        )
+
+
+def _quietly(action: Callable[[Claim], bool], claim: Claim) -> None:
+    """Release on a failure path: never mask the error that got us here."""
+    try:
+        action(claim)
+    except Exception as exc:  # An aborted transaction or a lost store: the lease will expire.
+        logger.error("Could not release an idempotency claim: %s", exc)

@@ -1,0 +1,23 @@
+"""Errors raised to Python callers of idempotent functions, tasks and webhook verifiers."""
+
+from __future__ import annotations
+
+
+class IdempotencyError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class StoreUnavailable(IdempotencyError):
+    """The store cannot be reached; the work is refused rather than run unprotected."""
+
+
+class KeyInProgress(IdempotencyError):
+    """Another call with the same key is still running: try again once it has finished."""
+
+
+class KeyMismatch(IdempotencyError):
+    """The key was already used with a different payload: use a new key for new work."""
+
+
+class DeliveryRejected(IdempotencyError):
+    """A webhook delivery failed verification (forged, stale or malformed); nothing was stored."""

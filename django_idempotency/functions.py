@@ -1,0 +1,237 @@
+"""`@idempotent_function`: run any callable once per key; a repeat returns the stored result."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar, cast
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
+
+from django_idempotency.attempts import Attempt
+from django_idempotency.conf import MODES, ON_CONFLICT, Mode, OnConflict, choice, conf, to_timedelta
+from django_idempotency.core.fingerprint import canonical_json, fingerprint
+from django_idempotency.core.keys import MAX_KEY_LENGTH
+from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
+from django_idempotency.exceptions import KeyInProgress, KeyMismatch
+from django_idempotency.results import ResultSerializer, serializer_for
+from django_idempotency.stores import ClaimRequest
+
+Func = TypeVar("Func", bound=Callable[..., Any])
+# Picks a value from the call's arguments: a parameter's name, or a callable taking them all.
+ArgumentPicker = str | Callable[..., Any]
+MAX_NAMESPACE_LENGTH = 100
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of an idempotent callable, as the store sees it."""
+
+    scope: Scope
+    fingerprint: str
+    label: str  # Shown as the record's path: which function or task ran.
+    method: str  # Shown as the record's method: "CALL" or "TASK".
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a call is run: lifetime of its record, mode, conflict policy, result format."""
+
+    ttl: timedelta | float | None = None
+    mode: Mode | None = None
+    on_conflict: OnConflict | None = None
+    serializer: ResultSerializer | None = None
+
+    def __post_init__(self) -> None:
+        # Fail when the decorator is applied, not on the first call.
+        if self.mode is not None:
+            choice(self.mode, MODES, "mode")
+        if self.on_conflict is not None:
+            choice(self.on_conflict, ON_CONFLICT, "on_conflict")
+        if self.ttl is not None:
+            to_timedelta(self.ttl, "ttl")
+
+
+def run_once(
+    call: Call, work: Callable[[], Any], options: RunOptions, serializer: ResultSerializer
+) -> Any:
+    """Run ``work`` if this call claims its key; return the stored result if one exists.
+
+    Raises `KeyInProgress`, `KeyMismatch` or `StoreUnavailable`. An exception from ``work``
+    releases the key (atomic mode rolls back the work's own writes with it) and propagates.
+    """
+    mode = options.mode or conf.MODE
+    on_conflict = options.on_conflict or conf.ON_CONFLICT
+    ttl = conf.TTL if options.ttl is None else to_timedelta(options.ttl, "ttl")
+    with Attempt(atomic=mode == "atomic", on_conflict=on_conflict) as attempt:
+        claim = attempt.begin(
+            ClaimRequest(
+                scope=call.scope,
+                fingerprint=call.fingerprint,
+                method=call.method,
+                path=call.label,
+                now=timezone.now(),
+                ttl=ttl,
+                lease=None if attempt.atomic else conf.LEASE,
+            )
+        )
+        if claim.outcome is Outcome.REPLAY:
+            assert claim.response is not None
+            return serializer.loads(claim.response.body)
+        if claim.outcome is Outcome.MISMATCH:
+            raise KeyMismatch(
+                f"The key {call.scope.key!r} of {call.label} was already used with a different "
+                "payload: use a new key for new work."
+            )
+        if claim.outcome is Outcome.IN_PROGRESS:
+            raise KeyInProgress(
+                f"{call.label} is still running with the key {call.scope.key!r}: try again once "
+                "it has finished, or use on_conflict='wait'."
+            )
+        result = work()
+        body = serializer.dumps(result)
+        attempt.complete(StoredResponse(200, [("Content-Type", serializer.content_type)], body))
+        return result
+
+
+def idempotent_function(
+    *,
+    key: ArgumentPicker,
+    namespace: str | None = None,
+    ttl: timedelta | float | None = None,
+    payload: ArgumentPicker | Sequence[str] | None = None,
+    owner: ArgumentPicker | None = None,
+    mode: Mode | None = None,
+    on_conflict: OnConflict | None = None,
+    serializer: ResultSerializer | None = None,
+) -> Callable[[Func], Func]:
+    """Run the decorated callable once per key; every repeat returns the stored result.
+
+    ``key``, ``owner`` and ``payload`` pick values from the call's arguments: a parameter's
+    name, or a callable that takes the same arguments. The payload (default: every argument)
+    is fingerprinted as canonical JSON: a repeat whose payload differs raises `KeyMismatch`. A
+    repeat while the first call runs raises `KeyInProgress` (or waits, with
+    ``on_conflict="wait"``). The result is stored as JSON (``serializer`` to change that).
+    """
+    options = RunOptions(ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer)
+
+    def decorate(func: Func) -> Func:
+        label = f"{func.__module__}.{func.__qualname__}"
+        keyspace = namespace or label
+        if len(keyspace) > MAX_NAMESPACE_LENGTH:
+            raise ImproperlyConfigured(
+                f"The default namespace {keyspace!r} is longer than {MAX_NAMESPACE_LENGTH} "
+                "characters: pass namespace= to @idempotent_function."
+            )
+        arguments = CallArguments(func, key=key, owner=owner, payload=payload)
+        result_format = lazy_serializer(func, serializer)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not conf.ENABLED:
+                return func(*args, **kwargs)
+            call = arguments.call(keyspace, label, "CALL", args, kwargs)
+            return run_once(call, lambda: func(*args, **kwargs), options, result_format())
+
+        return cast(Func, wrapper)
+
+    return decorate
+
+
+class CallArguments:
+    """Reads a call's key, owner and payload from its arguments."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        key: ArgumentPicker | None,
+        owner: ArgumentPicker | None,
+        payload: ArgumentPicker | Sequence[str] | None,
+        skip_first: bool = False,
+    ) -> None:
+        signature = inspect.signature(func)
+        if skip_first:  # A bound task's `self`.
+            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+        self.signature = signature
+        self.key = key
+        self.owner = owner
+        self.payload = payload
+        names = [picker for picker in (key, owner, payload) if isinstance(picker, str)]
+        if payload is not None and not isinstance(payload, str) and not callable(payload):
+            names += payload
+        for name in names:
+            if name not in self.signature.parameters:
+                raise ImproperlyConfigured(
+                    f"{func.__qualname__} has no parameter {name!r}: name one of "
+                    f"{', '.join(self.signature.parameters)}, or pass a callable."
+                )
+
+    def call(
+        self,
+        namespace: str,
+        label: str,
+        method: str,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        default_key: str | None = None,
+    ) -> Call:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        key = default_key if self.key is None else self._pick(self.key, bound, args, kwargs)
+        owner = "" if self.owner is None else self._pick(self.owner, bound, args, kwargs)
+        payload: Any
+        if self.payload is None:
+            payload = dict(bound.arguments)
+        elif isinstance(self.payload, str) or callable(self.payload):
+            payload = self._pick(self.payload, bound, args, kwargs)
+        else:
+            payload = {name: bound.arguments[name] for name in self.payload}
+        try:
+            body = canonical_json(payload)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"The payload of {label} is not JSON-serialisable ({exc}): pass payload= "
+                "naming the arguments that identify the work, or a callable returning JSON data."
+            ) from exc
+        return Call(
+            scope=Scope(namespace, str(owner), _checked_key(key, label)),
+            fingerprint=fingerprint(method, label, body),
+            label=label,
+            method=method,
+        )
+
+    @staticmethod
+    def _pick(
+        picker: ArgumentPicker,
+        bound: inspect.BoundArguments,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        if isinstance(picker, str):
+            return bound.arguments[picker]
+        return picker(*args, **kwargs)
+
+
+def _checked_key(key: Any, label: str) -> str:
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"The idempotency key of {label} must be a non-empty string of at most "
+            f"{MAX_KEY_LENGTH} characters, not {key!r}: see mint_key() to derive one."
+        )
+    return key
+
+
+def lazy_serializer(
+    func: Callable[..., Any], serializer: ResultSerializer | None
+) -> Callable[[], ResultSerializer]:
+    """The return annotation may name a class defined after the function: resolve it late."""
+    if serializer is not None:
+        return lambda: serializer
+    return functools.cache(lambda: serializer_for(func))
