@@ -10,3 +10,13 @@ class IdempotencyConfig(AppConfig):
     name = "django_idempotency"
     verbose_name = _("Idempotency")
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Registered here, not at import, so importing the package has no side effects.
+        from django.core import checks
+
+        from django_idempotency import checks as idempotency_checks
+
+        checks.register(idempotency_checks.check_settings, idempotency_checks.TAG)
+        checks.register(idempotency_checks.check_deployment, idempotency_checks.TAG, deploy=True)
+

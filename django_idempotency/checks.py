@@ -1,0 +1,397 @@
+"""System checks that report IDEMPOTENCY_* misconfiguration before the first request."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core import checks
+from django.core.cache.backends.dummy import DummyCache
+from django.core.cache.backends.locmem import LocMemCache
+from django.core.checks import CheckMessage, Error
+from django.core.exceptions import ImproperlyConfigured
+from django.db import router
+from django.db.utils import load_backend
+from django.utils.module_loading import import_string
+
+from django_idempotency.conf import MODES, ON_CONFLICT, conf, load_callable
+from django_idempotency.core.keys import KEY_FORMATS
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores.base import BaseStore
+from django_idempotency.stores.database import DatabaseStore
+
+if TYPE_CHECKING:
+    from django.apps import AppConfig
+
+# Ids are part of the public contract (users silence them by id): never renumber one, and never
+# give a retired id to another mistake. Each is documented in docs/checks.md.
+INVALID_DURATION = "django_idempotency.E001"
+DURATION_OUT_OF_RANGE = "django_idempotency.E002"
+INVALID_CHOICE = "django_idempotency.E003"
+INVALID_COLLECTION = "django_idempotency.E004"
+INVALID_HEADER = "django_idempotency.E005"
+NAMESPACE_TOO_LONG = "django_idempotency.E006"
+UNRESOLVABLE_PATH = "django_idempotency.E007"
+NOT_CALLABLE = "django_idempotency.E008"
+NOT_A_STORE = "django_idempotency.E009"
+UNKNOWN_CACHE = "django_idempotency.E010"
+UNKNOWN_DATABASE = "django_idempotency.E011"
+UNSUPPORTED_DATABASE = "django_idempotency.E012"
+UNSHARED_CACHE = "django_idempotency.W001"
+SQLITE_IN_DEPLOYMENT = "django_idempotency.W002"
+DISABLED_IN_DEPLOYMENT = "django_idempotency.W003"
+
+TAG = "django_idempotency"
+
+_UNSET = object()
+# RFC 9110 field-name: a token of visible ASCII letters, digits and these symbols.
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+_DEFAULT_STORE = "django_idempotency.stores.database.DatabaseStore"
+
+
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Every IDEMPOTENCY_* value the app would reject at run time, and caches that cannot share."""
+    return [
+        *_durations(),
+        *_choices(),
+        *_collections(),
+        *_header(),
+        *_namespace(),
+        *_callables(),
+        *_store(),
+        *_cache(),
+        *_database(),
+    ]
+
+
+def check_deployment(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """What is fine on a laptop but wrong under a production server (`check --deploy`)."""
+    messages: list[CheckMessage] = []
+    if not conf.ENABLED:
+        messages.append(
+            checks.Warning(
+                f"IDEMPOTENCY_ENABLED = {_setting('IDEMPOTENCY_ENABLED')!r}: idempotency is"
+                " switched off, so retried requests run their view again and no key is checked"
+                " or required.",
+                hint="Remove IDEMPOTENCY_ENABLED (or set it to True) once the emergency is over;"
+                " it is meant for test suites and incidents, not for production.",
+                id=DISABLED_IN_DEPLOYMENT,
+            )
+        )
+    database = _store_database()
+    if database is not None and database[1] == "sqlite":
+        alias = database[0]
+        messages.append(
+            checks.Warning(
+                f"The idempotency store's database {alias!r} is SQLite"
+                f" ({_database_source(alias)}).",
+                hint="SQLite lets one connection write at a time: under a server with several"
+                " worker processes, claims queue for its write lock, and a claim that cannot get"
+                " it within the database timeout is answered 409 Conflict as if its key were in"
+                " use. Use PostgreSQL in production (point IDEMPOTENCY_DATABASE at it), or"
+                " add this id to SILENCED_SYSTEM_CHECKS if a single process serves the site.",
+                id=SQLITE_IN_DEPLOYMENT,
+            )
+        )
+    return messages
+
+
+def _setting(name: str) -> Any:
+    """The raw value, or `_UNSET`: defaults are valid, so only explicit values need checking."""
+    return getattr(settings, name, _UNSET)
+
+
+def _durations() -> Iterable[CheckMessage]:
+    # (attribute, whether zero is a valid value, what to do instead)
+    rules: list[tuple[str, bool, str]] = [
+        (
+            "TTL",
+            False,
+            "Set IDEMPOTENCY_TTL to how long a retry may still be replayed, e.g."
+            " timedelta(hours=24): with zero or less every record expires as soon as it is"
+            " claimed, and retries run the view again.",
+        ),
+        (
+            "LEASE",
+            False,
+            "Set IDEMPOTENCY_LEASE above the longest run of a lease-mode (or async) view, e.g."
+            " 60 seconds: a lease of zero or less expires at once, so a retry can take over a"
+            " request that is still running.",
+        ),
+        (
+            "WAIT_TIMEOUT",
+            True,
+            "Set IDEMPOTENCY_WAIT_TIMEOUT to zero or more seconds: how long a duplicate waits"
+            ' (on_conflict="wait") for the first request before it gets 409.',
+        ),
+    ]
+    for attribute, zero_allowed, hint in rules:
+        name = f"IDEMPOTENCY_{attribute}"
+        try:
+            value: timedelta = getattr(conf, attribute)
+        except ImproperlyConfigured as exc:
+            yield Error(
+                str(exc),
+                hint=f"For example {name} = timedelta(seconds=60), or {name} = 60.",
+                id=INVALID_DURATION,
+            )
+            continue
+        except (ValueError, OverflowError) as exc:  # NaN, or more days than timedelta holds.
+            yield Error(
+                f"{name} = {_setting(name)!r} is not a usable duration: {exc}.",
+                hint=f"For example {name} = timedelta(seconds=60), or {name} = 60.",
+                id=INVALID_DURATION,
+            )
+            continue
+        zero = timedelta(0)
+        if value < zero or (value == zero and not zero_allowed):
+            bound = "zero or more" if zero_allowed else "more than zero"
+            yield Error(
+                f"{name} = {_setting(name)!r} is {_seconds(value)}; it must be {bound}.",
+                hint=hint,
+                id=DURATION_OUT_OF_RANGE,
+            )
+
+
+def _seconds(value: timedelta) -> str:
+    seconds = value.total_seconds()
+    return f"{seconds:g} second" + ("" if seconds == 1 else "s")
+
+
+def _choices() -> Iterable[CheckMessage]:
+    rules: list[tuple[str, tuple[str | None, ...], str | None]] = [
+        ("MODE", MODES, "atomic"),
+        ("ON_CONFLICT", ON_CONFLICT, "reject"),
+        ("KEY_FORMAT", (None, *KEY_FORMATS), None),
+    ]
+    for attribute, allowed, default in rules:
+        name = f"IDEMPOTENCY_{attribute}"
+        try:
+            getattr(conf, attribute)
+        except ImproperlyConfigured as exc:
+            yield Error(
+                str(exc),
+                hint=f"Set {name} to one of {', '.join(map(repr, allowed))}, or remove it to"
+                f" use the default {default!r}.",
+                id=INVALID_CHOICE,
+            )
+
+
+def _collections() -> Iterable[CheckMessage]:
+    methods = _setting("IDEMPOTENCY_METHODS")
+    if methods is not _UNSET and not _strings(methods, bare_string_allowed=True):
+        yield Error(
+            f"IDEMPOTENCY_METHODS = {methods!r} is not a method name or a sequence of them.",
+            hint='For example IDEMPOTENCY_METHODS = ("POST", "PATCH").',
+            id=INVALID_COLLECTION,
+        )
+    ignored = _setting("IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS")
+    if ignored is not _UNSET and not _strings(ignored, bare_string_allowed=False):
+        yield Error(
+            f"IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS = {ignored!r} is not a collection of field"
+            " names.",
+            hint='Use a list or tuple, e.g. IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS = ["nonce"]:'
+            " a bare string would count as its single characters.",
+            id=INVALID_COLLECTION,
+        )
+    statuses = _setting("IDEMPOTENCY_STORED_CLIENT_ERRORS")
+    if statuses is not _UNSET and not _client_errors(statuses):
+        yield Error(
+            f"IDEMPOTENCY_STORED_CLIENT_ERRORS = {statuses!r} is not a collection of 4xx status"
+            " codes.",
+            hint="Use integers from 400 to 499, e.g. IDEMPOTENCY_STORED_CLIENT_ERRORS = (402,):"
+            " other values never match a response and change nothing.",
+            id=INVALID_COLLECTION,
+        )
+
+
+def _strings(value: Any, *, bare_string_allowed: bool) -> bool:
+    if isinstance(value, str):
+        return bare_string_allowed
+    return _all_of(value, lambda item: isinstance(item, str))
+
+
+def _client_errors(value: Any) -> bool:
+    return not isinstance(value, str) and _all_of(
+        value, lambda item: type(item) is int and 400 <= item <= 499
+    )
+
+
+def _all_of(value: Any, accept: Callable[[Any], bool]) -> bool:
+    if isinstance(value, (bytes, dict)):  # Iterable, but never what the setting means.
+        return False
+    try:
+        return all(accept(item) for item in value)
+    except TypeError:  # Not iterable at all.
+        return False
+
+
+def _header() -> Iterable[CheckMessage]:
+    header = _setting("IDEMPOTENCY_HEADER")
+    if header is _UNSET or (isinstance(header, str) and _FIELD_NAME.fullmatch(header)):
+        return
+    yield Error(
+        f"IDEMPOTENCY_HEADER = {header!r} is not a valid HTTP header name.",
+        hint="Use a header name of letters, digits and - (e.g. the default"
+        ' "Idempotency-Key"), with no spaces, colons or other separators.',
+        id=INVALID_HEADER,
+    )
+
+
+def _namespace() -> Iterable[CheckMessage]:
+    namespace = conf.NAMESPACE
+    limit = IdempotencyRecord._meta.get_field("namespace").max_length
+    if limit is not None and len(namespace) > limit:
+        yield Error(
+            f"IDEMPOTENCY_NAMESPACE = {namespace!r} is {len(namespace)} characters long; the"
+            f" limit is {limit}.",
+            hint=f"Use a namespace of at most {limit} characters: it is stored in each record.",
+            id=NAMESPACE_TOO_LONG,
+        )
+
+
+def _callables() -> Iterable[CheckMessage]:
+    rules = [
+        ("OWNER_RESOLVER", "django_idempotency.http.owners.authenticated_user"),
+        ("FINGERPRINT", "django_idempotency.http.requests.request_fingerprint"),
+    ]
+    for attribute, default in rules:
+        name = f"IDEMPOTENCY_{attribute}"
+        hint = f"Set {name} to a callable taking the request, or its dotted path, e.g. {default!r}."
+        loaded = _load(name, partial(getattr, conf, attribute), hint)
+        if isinstance(loaded, CheckMessage):
+            yield loaded
+        elif not callable(loaded):
+            yield Error(
+                f"{name} = {_setting(name)!r} is not callable.",
+                hint=hint,
+                id=NOT_CALLABLE,
+            )
+
+
+def _load(name: str, load: Callable[[], Any], hint: str) -> Any:
+    """What `load` returns, or the Error that says why it cannot be imported."""
+    try:
+        return load()
+    except Exception as exc:  # Also a module that fails while importing: an Error, no traceback.
+        ours = isinstance(exc, ImproperlyConfigured) and str(exc).startswith(name)
+        message = str(exc) if ours else f"{name} = {_setting(name)!r} cannot be imported: {exc!r}"
+    return Error(message, hint=hint, id=UNRESOLVABLE_PATH)
+
+
+def _store_class() -> Any:
+    """The IDEMPOTENCY_STORE class as `get_store` loads it, or the Error saying why it cannot."""
+    return _load(
+        "IDEMPOTENCY_STORE",
+        partial(load_callable, conf.STORE, "IDEMPOTENCY_STORE"),
+        "Set IDEMPOTENCY_STORE to the dotted path (a string, not the class) of a BaseStore"
+        f" subclass, e.g. {_DEFAULT_STORE!r}.",
+    )
+
+
+def _store() -> Iterable[CheckMessage]:
+    store_class = _store_class()
+    if isinstance(store_class, CheckMessage):
+        yield store_class
+    elif not (isinstance(store_class, type) and issubclass(store_class, BaseStore)):
+        yield Error(
+            f"IDEMPOTENCY_STORE = {conf.STORE!r} is not a BaseStore subclass.",
+            hint="Point IDEMPOTENCY_STORE at a subclass of django_idempotency.stores.BaseStore"
+            f" that implements its contract, or remove it to use {_DEFAULT_STORE!r}.",
+            id=NOT_A_STORE,
+        )
+
+
+def _cache() -> Iterable[CheckMessage]:
+    alias = conf.CACHE
+    if alias is None:
+        return
+    caches = settings.CACHES
+    if alias not in caches:
+        yield Error(
+            f"IDEMPOTENCY_CACHE = {alias!r} is not an alias in CACHES"
+            f" ({', '.join(map(repr, caches)) or 'none defined'}).",
+            hint=f"Define the alias {alias!r} in CACHES (a shared cache such as Redis), or set"
+            " IDEMPOTENCY_CACHE to an existing alias, or to None to turn the cache tier off.",
+            id=UNKNOWN_CACHE,
+        )
+        return
+    try:
+        backend_path = str(caches[alias]["BACKEND"])
+        backend = import_string(backend_path)
+    except Exception:  # Django reports a broken cache when it is used; the tier uses the store.
+        return
+    if isinstance(backend, type) and issubclass(backend, DummyCache):
+        why = "DummyCache stores nothing, so the tier never serves a replay and only adds a call"
+    elif isinstance(backend, type) and issubclass(backend, LocMemCache):
+        why = (
+            "LocMemCache lives in one process's memory: a replay cached there is not seen by the"
+            " other processes, and it keeps replaying a record after another process deletes it"
+            " (from the admin, for example)"
+        )
+    else:
+        return
+    yield checks.Warning(
+        f"IDEMPOTENCY_CACHE = {alias!r} uses {backend_path}, which cannot share replays"
+        " between processes.",
+        hint=f"{why}. Point IDEMPOTENCY_CACHE at a cache every process shares (Redis,"
+        " Memcached), or set it to None.",
+        id=UNSHARED_CACHE,
+    )
+
+
+def _database() -> Iterable[CheckMessage]:
+    alias = conf.DATABASE
+    if alias and alias not in settings.DATABASES:  # "" means unset, as it does for the store.
+        yield Error(
+            f"IDEMPOTENCY_DATABASE = {alias!r} is not an alias in DATABASES"
+            f" ({', '.join(map(repr, settings.DATABASES))}).",
+            hint="Set IDEMPOTENCY_DATABASE to an alias defined in DATABASES, or to None to use"
+            " the database the routers choose for IdempotencyRecord.",
+            id=UNKNOWN_DATABASE,
+        )
+        return
+    database = _store_database()
+    if database is not None and database[1] not in ("postgresql", "sqlite"):
+        store_alias, vendor, engine = database
+        yield Error(
+            f"The idempotency store's database {store_alias!r} ({_database_source(store_alias)})"
+            " uses"
+            f" {engine} ({vendor}); the database store supports only PostgreSQL and SQLite.",
+            hint="Point IDEMPOTENCY_DATABASE at a PostgreSQL database in DATABASES, or set"
+            " IDEMPOTENCY_STORE to a store written for this database.",
+            id=UNSUPPORTED_DATABASE,
+        )
+
+
+def _store_database() -> tuple[str, str, str] | None:
+    """(alias, vendor, ENGINE) of the database store's database; None if another store is used.
+
+    The vendor comes from the backend class, so no connection is opened; anything that cannot be
+    determined is left to the checks (and errors) that own it.
+    """
+    store_class = _store_class()
+    if not (isinstance(store_class, type) and issubclass(store_class, DatabaseStore)):
+        return None
+    try:
+        alias = conf.DATABASE or router.db_for_write(IdempotencyRecord)
+        engine = settings.DATABASES[alias].get("ENGINE") or "django.db.backends.dummy"
+        vendor = load_backend(engine).DatabaseWrapper.vendor
+    except Exception:  # An unknown alias, a router that fails, a driver that is not installed.
+        return None
+    return alias, vendor, engine
+
+
+def _database_source(alias: str) -> str:
+    if conf.DATABASE:
+        return f"IDEMPOTENCY_DATABASE = {alias!r}"
+    return "IDEMPOTENCY_DATABASE is unset, so it is the database the routers choose"

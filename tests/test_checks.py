@@ -1,0 +1,484 @@
+"""System checks: each id fires on its misconfiguration and stays silent on a correct one."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.checks import ERROR, WARNING, CheckMessage, run_checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.http import HttpRequest
+from django.test import override_settings
+
+from django_idempotency import checks
+from django_idempotency.stores.base import BaseStore
+from django_idempotency.stores.database import DatabaseStore
+
+# Some cases add aliases to DATABASES. The checks only read their ENGINE and never connect, so
+# Django's warning that overriding DATABASES is unreliable does not apply to them.
+pytestmark = pytest.mark.filterwarnings("ignore:Overriding setting DATABASES:UserWarning")
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "checks.md"
+ID = re.compile(r"django_idempotency\.[EW]\d{3}")
+
+# Spelled out as users see them: a renumbered id in the module fails these tests.
+E001 = "django_idempotency.E001"
+E002 = "django_idempotency.E002"
+E003 = "django_idempotency.E003"
+E004 = "django_idempotency.E004"
+E005 = "django_idempotency.E005"
+E006 = "django_idempotency.E006"
+E007 = "django_idempotency.E007"
+E008 = "django_idempotency.E008"
+E009 = "django_idempotency.E009"
+E010 = "django_idempotency.E010"
+E011 = "django_idempotency.E011"
+E012 = "django_idempotency.E012"
+W001 = "django_idempotency.W001"
+W002 = "django_idempotency.W002"
+W003 = "django_idempotency.W003"
+DEPLOY_ONLY = {W002, W003}
+
+SHARED_CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:9/0"}
+POSTGRESQL = {"ENGINE": "django.db.backends.postgresql", "NAME": "idempotency"}
+SQLITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": "idempotency.sqlite3"}
+
+
+class MemoryStore(BaseStore):
+    """A store other than the database store; the checks never call it."""
+
+
+class TenantStore(DatabaseStore):
+    """A database store subclass: checked like the database store."""
+
+
+class NotAStore:
+    """A class that does not implement the store contract."""
+
+
+def tenant_owner(request: HttpRequest) -> str:
+    return "tenant-1"
+
+
+OWNER_LABEL = "tenant-1"  # Importable, but not callable.
+
+
+class FailingRouter:
+    def db_for_write(self, model: type[Any], **hints: Any) -> str:
+        raise RuntimeError("router is broken")
+
+
+@contextmanager
+def configured(**overrides: Any) -> Iterator[None]:
+    """These settings; aliases given in DATABASES and CACHES are added to the existing ones."""
+    for name in ("DATABASES", "CACHES"):
+        if name in overrides:
+            overrides[name] = {**getattr(settings, name), **overrides[name]}
+    with override_settings(**overrides):
+        yield
+
+
+def ours(*, deploy: bool = True, **overrides: Any) -> list[CheckMessage]:
+    """Our messages from every check `manage.py check [--deploy]` runs, under these settings."""
+    with configured(**overrides):
+        messages = run_checks(include_deployment_checks=deploy)
+    return [message for message in messages if str(message.id).startswith("django_idempotency.")]
+
+
+@pytest.fixture
+def baseline() -> set[str]:
+    """What the test settings alone report: W002 when the tests run on SQLite, else nothing."""
+    return {str(message.id) for message in ours()}
+
+
+FIRES = [
+    pytest.param(E001, {"IDEMPOTENCY_TTL": "24h"}, ["IDEMPOTENCY_TTL", "'24h'"], id="E001-str"),
+    pytest.param(E001, {"IDEMPOTENCY_LEASE": True}, ["IDEMPOTENCY_LEASE", "True"], id="E001-bool"),
+    pytest.param(
+        E001,
+        {"IDEMPOTENCY_WAIT_TIMEOUT": float("nan")},
+        ["IDEMPOTENCY_WAIT_TIMEOUT = nan", "not a usable duration"],
+        id="E001-nan",
+    ),
+    pytest.param(
+        E002, {"IDEMPOTENCY_LEASE": 0}, ["IDEMPOTENCY_LEASE = 0", "more than zero"], id="E002-lease"
+    ),
+    pytest.param(
+        E002,
+        {"IDEMPOTENCY_TTL": timedelta(seconds=-1)},
+        ["IDEMPOTENCY_TTL = datetime.timedelta(days=-1, seconds=86399)", "more than zero"],
+        id="E002-ttl",
+    ),
+    pytest.param(
+        E002,
+        {"IDEMPOTENCY_WAIT_TIMEOUT": -1},
+        ["IDEMPOTENCY_WAIT_TIMEOUT = -1", "-1 seconds", "zero or more"],
+        id="E002-wait-timeout",
+    ),
+    pytest.param(E003, {"IDEMPOTENCY_MODE": "atomc"}, ["IDEMPOTENCY_MODE", "'atomc'"], id="E003"),
+    pytest.param(
+        E003,
+        {"IDEMPOTENCY_ON_CONFLICT": "block"},
+        ["IDEMPOTENCY_ON_CONFLICT", "'block'"],
+        id="E003-on-conflict",
+    ),
+    pytest.param(
+        E003,
+        {"IDEMPOTENCY_KEY_FORMAT": "UUID"},
+        ["IDEMPOTENCY_KEY_FORMAT", "'UUID'"],
+        id="E003-key-format",
+    ),
+    pytest.param(
+        E004,
+        {"IDEMPOTENCY_METHODS": ["POST", 1]},
+        ["IDEMPOTENCY_METHODS = ['POST', 1]"],
+        id="E004-methods",
+    ),
+    pytest.param(
+        E004, {"IDEMPOTENCY_METHODS": b"POST"}, ["IDEMPOTENCY_METHODS = b'POST'"], id="E004-bytes"
+    ),
+    pytest.param(
+        E004,
+        {"IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS": "nonce"},
+        ["IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS = 'nonce'"],
+        id="E004-bare-string",
+    ),
+    pytest.param(
+        E004,
+        {"IDEMPOTENCY_STORED_CLIENT_ERRORS": 402},
+        ["IDEMPOTENCY_STORED_CLIENT_ERRORS = 402"],
+        id="E004-not-a-collection",
+    ),
+    pytest.param(
+        E004,
+        {"IDEMPOTENCY_STORED_CLIENT_ERRORS": [402, 500]},
+        ["IDEMPOTENCY_STORED_CLIENT_ERRORS = [402, 500]", "4xx"],
+        id="E004-not-4xx",
+    ),
+    pytest.param(
+        E005,
+        {"IDEMPOTENCY_HEADER": "Idempotency Key"},
+        ["IDEMPOTENCY_HEADER = 'Idempotency Key'", "not a valid HTTP header name"],
+        id="E005-space",
+    ),
+    pytest.param(
+        E005,
+        {"IDEMPOTENCY_HEADER": "Idempotency-Key:"},
+        ["IDEMPOTENCY_HEADER = 'Idempotency-Key:'"],
+        id="E005-colon",
+    ),
+    pytest.param(E005, {"IDEMPOTENCY_HEADER": ""}, ["IDEMPOTENCY_HEADER = ''"], id="E005-empty"),
+    pytest.param(E005, {"IDEMPOTENCY_HEADER": None}, ["IDEMPOTENCY_HEADER = None"], id="E005-none"),
+    pytest.param(
+        E006,
+        {"IDEMPOTENCY_NAMESPACE": "n" * 101},
+        ["IDEMPOTENCY_NAMESPACE", "101 characters", "limit is 100"],
+        id="E006",
+    ),
+    pytest.param(
+        E007,
+        {"IDEMPOTENCY_OWNER_RESOLVER": "tests.nowhere.owner"},
+        ["IDEMPOTENCY_OWNER_RESOLVER = 'tests.nowhere.owner' cannot be imported"],
+        id="E007-owner-resolver",
+    ),
+    pytest.param(
+        E007,
+        {"IDEMPOTENCY_FINGERPRINT": 42},
+        ["IDEMPOTENCY_FINGERPRINT must be a dotted path or a callable, not 42"],
+        id="E007-fingerprint",
+    ),
+    pytest.param(
+        E007,
+        {"IDEMPOTENCY_STORE": "myproject.stores.RedisStore"},
+        ["IDEMPOTENCY_STORE = 'myproject.stores.RedisStore' cannot be imported"],
+        id="E007-store",
+    ),
+    pytest.param(
+        E007,
+        {"IDEMPOTENCY_STORE": DatabaseStore},
+        ["IDEMPOTENCY_STORE", "DatabaseStore", "cannot be imported"],
+        id="E007-store-class",
+    ),
+    pytest.param(
+        E008,
+        {"IDEMPOTENCY_OWNER_RESOLVER": "tests.test_checks.OWNER_LABEL"},
+        ["IDEMPOTENCY_OWNER_RESOLVER = 'tests.test_checks.OWNER_LABEL' is not callable"],
+        id="E008",
+    ),
+    pytest.param(
+        E009,
+        {"IDEMPOTENCY_STORE": "tests.test_checks.NotAStore"},
+        ["IDEMPOTENCY_STORE = 'tests.test_checks.NotAStore' is not a BaseStore subclass"],
+        id="E009-class",
+    ),
+    pytest.param(
+        E009,
+        {"IDEMPOTENCY_STORE": "django_idempotency.http.owners.authenticated_user"},
+        ["IDEMPOTENCY_STORE", "authenticated_user' is not a BaseStore subclass"],
+        id="E009-function",
+    ),
+    pytest.param(
+        E010,
+        {"IDEMPOTENCY_CACHE": "idempotency"},
+        ["IDEMPOTENCY_CACHE = 'idempotency' is not an alias in CACHES"],
+        id="E010",
+    ),
+    pytest.param(
+        E011,
+        {"IDEMPOTENCY_DATABASE": "idempotency"},
+        ["IDEMPOTENCY_DATABASE = 'idempotency' is not an alias in DATABASES"],
+        id="E011",
+    ),
+    pytest.param(
+        E012,
+        {
+            "DATABASES": {"legacy": {"ENGINE": "django.db.backends.dummy"}},
+            "IDEMPOTENCY_DATABASE": "legacy",
+        },
+        ["IDEMPOTENCY_DATABASE = 'legacy'", "django.db.backends.dummy", "PostgreSQL and SQLite"],
+        id="E012",
+    ),
+    pytest.param(
+        E012,
+        {
+            "DATABASES": {"legacy": {"ENGINE": "django.db.backends.dummy"}},
+            "IDEMPOTENCY_DATABASE": "legacy",
+            "IDEMPOTENCY_STORE": "tests.test_checks.TenantStore",
+        },
+        ["IDEMPOTENCY_DATABASE = 'legacy'", "PostgreSQL and SQLite"],
+        id="E012-subclass",
+    ),
+    pytest.param(
+        W001,
+        {
+            "CACHES": {"idempotency": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
+            "IDEMPOTENCY_CACHE": "idempotency",
+        },
+        ["IDEMPOTENCY_CACHE = 'idempotency'", "LocMemCache"],
+        id="W001-locmem",
+    ),
+    pytest.param(
+        W001,
+        {
+            "CACHES": {"idempotency": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}},
+            "IDEMPOTENCY_CACHE": "idempotency",
+        },
+        ["IDEMPOTENCY_CACHE = 'idempotency'", "DummyCache"],
+        id="W001-dummy",
+    ),
+    pytest.param(
+        W002,
+        {"DATABASES": {"lite": SQLITE}, "IDEMPOTENCY_DATABASE": "lite"},
+        ["'lite' is SQLite", "IDEMPOTENCY_DATABASE = 'lite'"],
+        id="W002",
+    ),
+    pytest.param(W003, {"IDEMPOTENCY_ENABLED": False}, ["IDEMPOTENCY_ENABLED = False"], id="W003"),
+]
+
+SILENT = [
+    pytest.param(E001, {"IDEMPOTENCY_TTL": timedelta(hours=1)}, id="E001-timedelta"),
+    pytest.param(E001, {"IDEMPOTENCY_LEASE": 30, "IDEMPOTENCY_WAIT_TIMEOUT": 0.5}, id="E001-num"),
+    pytest.param(E002, {"IDEMPOTENCY_WAIT_TIMEOUT": 0}, id="E002-no-wait"),
+    pytest.param(E002, {"IDEMPOTENCY_LEASE": 1, "IDEMPOTENCY_TTL": 60}, id="E002-positive"),
+    pytest.param(E003, {"IDEMPOTENCY_MODE": "lease", "IDEMPOTENCY_ON_CONFLICT": "wait"}, id="E003"),
+    pytest.param(E003, {"IDEMPOTENCY_KEY_FORMAT": "uuid_or_ulid"}, id="E003-key-format"),
+    pytest.param(E003, {"IDEMPOTENCY_KEY_FORMAT": None}, id="E003-no-key-format"),
+    pytest.param(E004, {"IDEMPOTENCY_METHODS": "put"}, id="E004-one-method"),
+    pytest.param(
+        E004,
+        {
+            "IDEMPOTENCY_METHODS": ["post", "PUT"],
+            "IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS": ["nonce"],
+            "IDEMPOTENCY_STORED_CLIENT_ERRORS": (402, 409),
+        },
+        id="E004-collections",
+    ),
+    pytest.param(E004, {"IDEMPOTENCY_STORED_CLIENT_ERRORS": frozenset()}, id="E004-empty"),
+    pytest.param(E005, {"IDEMPOTENCY_HEADER": "X-Request-Id"}, id="E005"),
+    pytest.param(E006, {"IDEMPOTENCY_NAMESPACE": "n" * 100}, id="E006"),
+    pytest.param(E007, {"IDEMPOTENCY_OWNER_RESOLVER": tenant_owner}, id="E007-callable"),
+    pytest.param(
+        E007,
+        {"IDEMPOTENCY_FINGERPRINT": "django_idempotency.http.requests.request_fingerprint"},
+        id="E007-path",
+    ),
+    pytest.param(E008, {"IDEMPOTENCY_OWNER_RESOLVER": "tests.test_checks.tenant_owner"}, id="E008"),
+    pytest.param(E009, {"IDEMPOTENCY_STORE": "tests.test_checks.MemoryStore"}, id="E009"),
+    pytest.param(
+        E010,
+        {"CACHES": {"idempotency": SHARED_CACHE}, "IDEMPOTENCY_CACHE": "idempotency"},
+        id="E010",
+    ),
+    pytest.param(E010, {"IDEMPOTENCY_CACHE": ""}, id="E010-empty-means-none"),
+    pytest.param(E011, {"IDEMPOTENCY_DATABASE": "default"}, id="E011"),
+    pytest.param(E011, {"IDEMPOTENCY_DATABASE": ""}, id="E011-empty-means-none"),
+    pytest.param(
+        E012,
+        {"DATABASES": {"pg": POSTGRESQL}, "IDEMPOTENCY_DATABASE": "pg"},
+        id="E012-postgresql",
+    ),
+    pytest.param(
+        E012,
+        {
+            "DATABASES": {"legacy": {"ENGINE": "django.db.backends.dummy"}},
+            "IDEMPOTENCY_DATABASE": "legacy",
+            "IDEMPOTENCY_STORE": "tests.test_checks.MemoryStore",
+        },
+        id="E012-other-store",
+    ),
+    pytest.param(
+        W001,
+        {"CACHES": {"idempotency": SHARED_CACHE}, "IDEMPOTENCY_CACHE": "idempotency"},
+        id="W001-redis",
+    ),
+    pytest.param(W001, {"IDEMPOTENCY_CACHE": None}, id="W001-no-tier"),
+    pytest.param(
+        W002,
+        {"DATABASES": {"pg": POSTGRESQL}, "IDEMPOTENCY_DATABASE": "pg"},
+        id="W002-postgresql",
+    ),
+    pytest.param(W002, {"IDEMPOTENCY_STORE": "tests.test_checks.MemoryStore"}, id="W002-store"),
+    pytest.param(W003, {"IDEMPOTENCY_ENABLED": True}, id="W003"),
+]
+
+
+@pytest.mark.parametrize(("check_id", "overrides", "says"), FIRES)
+def test_check_fires_on_its_misconfiguration(
+    baseline: set[str], check_id: str, overrides: dict[str, Any], says: list[str]
+) -> None:
+    messages = ours(**overrides)
+
+    [message] = [message for message in messages if message.id == check_id]
+    assert message.level == (ERROR if check_id.split(".")[1].startswith("E") else WARNING)
+    for text in says:
+        assert text in message.msg
+    assert message.hint
+    assert {str(other.id) for other in messages} - {check_id} <= baseline
+
+
+@pytest.mark.parametrize(("check_id", "overrides"), SILENT)
+def test_check_is_silent_when_configured_right(
+    baseline: set[str], check_id: str, overrides: dict[str, Any]
+) -> None:
+    ids = {str(message.id) for message in ours(**overrides)}
+
+    assert check_id not in ids
+    assert ids <= baseline - {check_id}
+
+
+def test_test_settings_report_nothing_but_sqlite_in_deployment() -> None:
+    on_sqlite = settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
+
+    assert ours(deploy=False) == []
+    assert {str(message.id) for message in ours()} == ({W002} if on_sqlite else set())
+
+
+def test_deployment_checks_only_run_with_deploy() -> None:
+    overrides = {"DATABASES": {"lite": SQLITE}, "IDEMPOTENCY_DATABASE": "lite"}
+
+    ids = {message.id for message in ours(deploy=False, IDEMPOTENCY_ENABLED=False, **overrides)}
+
+    assert not ids & DEPLOY_ONLY
+
+
+def test_every_mistake_is_reported_at_once() -> None:
+    ids = [
+        message.id
+        for message in ours(
+            IDEMPOTENCY_MODE="atomc", IDEMPOTENCY_LEASE=-5, IDEMPOTENCY_HEADER="Idempotency Key"
+        )
+    ]
+
+    assert {E002, E003, E005} <= set(ids)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({"DATABASE_ROUTERS": ["tests.test_checks.FailingRouter"]}, id="router"),
+        pytest.param(
+            {
+                "DATABASES": {"legacy": {"ENGINE": "django.db.backends.mysql"}},
+                "IDEMPOTENCY_DATABASE": "legacy",
+            },
+            id="driver-missing-or-mysql",
+        ),
+        pytest.param(
+            {
+                "CACHES": {"idempotency": {"BACKEND": "nowhere.Cache"}},
+                "IDEMPOTENCY_CACHE": "idempotency",
+            },
+            id="cache-backend",
+        ),
+    ],
+)
+def test_what_cannot_be_determined_is_not_a_traceback(overrides: dict[str, Any]) -> None:
+    # Our functions directly: Django's own cache check raises on a backend that cannot import.
+    with configured(**overrides):
+        messages = [*checks.check_settings(), *checks.check_deployment()]
+
+    # A MySQL driver, when installed, is reported as unsupported; nothing else is an error.
+    assert [message for message in messages if message.is_serious() and message.id != E012] == []
+
+
+@pytest.mark.parametrize("error", ["RuntimeError", "ImproperlyConfigured"])
+def test_a_module_that_fails_to_import_is_reported_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    (tmp_path / "broken_owners.py").write_text(
+        "from django.core.exceptions import ImproperlyConfigured\n"
+        f"raise {error}('GDAL is not installed')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    [message] = ours(deploy=False, IDEMPOTENCY_OWNER_RESOLVER="broken_owners.owner")
+
+    assert message.id == E007
+    assert message.msg == (
+        "IDEMPOTENCY_OWNER_RESOLVER = 'broken_owners.owner' cannot be imported:"
+        f" {error}('GDAL is not installed')"
+    )
+
+
+def test_manage_py_check_fails_naming_the_setting() -> None:
+    with configured(IDEMPOTENCY_LEASE=0), pytest.raises(SystemCheckError) as error:
+        call_command("check")
+
+    assert "(django_idempotency.E002) IDEMPOTENCY_LEASE = 0" in str(error.value)
+
+
+def test_checks_can_be_run_on_their_own_by_tag() -> None:
+    with configured(IDEMPOTENCY_MODE="atomc"):
+        ids = {message.id for message in run_checks(tags=[checks.TAG])}
+
+    assert ids == {E003}
+
+
+def _declared_ids() -> list[str]:
+    return [
+        value for value in vars(checks).values() if isinstance(value, str) and ID.fullmatch(value)
+    ]
+
+
+def test_check_ids_are_unique_and_documented() -> None:
+    source = Path(checks.__file__).read_text()
+    declared = _declared_ids()
+    documented = re.findall(r"^### `(django_idempotency\.[EW]\d{3})`", DOCS.read_text(), re.M)
+
+    assert sorted(ID.findall(source)) == sorted(declared)  # Each id written once, in its constant.
+    assert len(set(declared)) == len(declared)
+    assert sorted(documented) == sorted(declared)
+
+
+def test_every_id_has_a_firing_and_a_silent_test() -> None:
+    declared = set(_declared_ids())
+
+    assert {case.values[0] for case in FIRES} == declared
+    assert {case.values[0] for case in SILENT} == declared
