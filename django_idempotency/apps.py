@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
@@ -19,4 +21,8 @@ class IdempotencyConfig(AppConfig):
 
         checks.register(idempotency_checks.check_settings, idempotency_checks.TAG)
         checks.register(idempotency_checks.check_deployment, idempotency_checks.TAG, deploy=True)
+
+        if importlib.util.find_spec("drf_spectacular") is not None:
+            # Imported only when drf-spectacular is there: the import registers the extension.
+            import django_idempotency.contrib.drf_spectacular.extensions  # noqa: F401
 

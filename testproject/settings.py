@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "django_idempotency",
     "testproject.payments",
 ]
@@ -65,7 +66,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
+# The OpenAPI schema at /api/schema/, Swagger UI at /api/docs/ (docs/openapi.md).
+SPECTACULAR_SETTINGS = {"TITLE": "django-idempotency demo", "VERSION": "0.1.0"}
 
 # django-idempotency: keys are optional by default; the payments endpoints require them.
 IDEMPOTENCY_TTL = 24 * 60 * 60

@@ -1,9 +1,10 @@
-"""Demo routes: the payments API and the admin."""
+"""Demo routes: the payments API, its OpenAPI schema and the admin."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from testproject.payments import views
@@ -17,5 +18,7 @@ router.register("bench/lease", views.LeasedPaymentViewSet, basename="bench-lease
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/refunds/", views.create_refund, name="refund-create"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("api/", include(router.urls)),
 ]

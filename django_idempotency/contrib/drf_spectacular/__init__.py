@@ -1,0 +1,1 @@
+"""drf-spectacular integration: idempotent operations documented in generated OpenAPI schemas."""
