@@ -35,7 +35,9 @@ def new_queue() -> str:
     return f"django-idempotency-tests-{uuid.uuid4().hex[:12]}"
 
 
-def make_app(queue: str, *, purge_every: float | None = None) -> Celery:
+def make_app(
+    queue: str, *, purge_every: float | None = None, visibility_timeout: float | None = None
+) -> Celery:
     app = Celery("tests", set_as_current=False)
     schedule = {name: dict(entry) for name, entry in BEAT_SCHEDULE.items()}
     if purge_every is not None:
@@ -50,6 +52,13 @@ def make_app(queue: str, *, purge_every: float | None = None) -> Celery:
         beat_schedule=schedule,
         beat_max_loop_interval=1,
     )
+    if visibility_timeout is not None:
+        # An unacknowledged message (acks_late, its worker killed) is delivered again this soon.
+        app.conf.broker_transport_options = {
+            "visibility_timeout": visibility_timeout,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        }
     return app
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -58,3 +59,39 @@ def atomic_requests() -> Iterator[None]:
         yield
     finally:
         connection.settings_dict["ATOMIC_REQUESTS"] = False
+
+
+# Celery is imported inside the fixtures: the suite also runs where Celery is not installed.
+
+
+@pytest.fixture
+def celery_app() -> Iterator[Any]:
+    """An app on a queue of its own: what one test sent never reaches another test's worker."""
+    import redis
+
+    from tests.celery_app import make_app, new_queue, redis_url
+
+    url = redis_url()
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        # Fail, never skip: these tests are the only proof the Celery integration works.
+        pytest.fail(
+            f"Redis is not reachable at {url} ({exc}). Start it (scripts/services.sh: "
+            "start_redis) or point REDIS_URL at one."
+        )
+    queue = new_queue()
+    app = make_app(queue)
+    yield app
+    with app.connection_for_write() as connection:
+        connection.default_channel.queue_delete(queue)  # What was sent after the worker left.
+    app.close()
+
+
+@pytest.fixture
+def worker(celery_app: Any) -> Iterator[None]:
+    """A worker in this process, so its tasks use the test database; it stops with the test."""
+    from celery.contrib.testing.worker import start_worker
+
+    with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
+        yield

@@ -8,21 +8,18 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from celery.signals import task_success
 from django.utils import timezone
 
 from django_idempotency import tasks
 from django_idempotency.models import IdempotencyRecord
-from tests.celery_app import BEAT_SCHEDULE, PURGE_ENTRY, make_app, new_queue, redis_url
+from tests.celery_app import BEAT_SCHEDULE, PURGE_ENTRY
 from tests.factories import IdempotencyRecordFactory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,33 +27,6 @@ TASK = "django_idempotency.tasks.purge_expired_records"
 
 # Celery's Redis result backend still calls a method redis-py 6+ deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
-
-
-@pytest.fixture
-def celery_app() -> Iterator[Celery]:
-    """An app on a queue of its own: what one test sent never reaches another test's worker."""
-    url = redis_url()
-    try:
-        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
-    except redis.RedisError as exc:
-        # Fail, never skip: these tests are the only proof the beat entry works.
-        pytest.fail(
-            f"Redis is not reachable at {url} ({exc}). Start it (scripts/services.sh: "
-            "start_redis) or point REDIS_URL at one."
-        )
-    queue = new_queue()
-    app = make_app(queue)
-    yield app
-    with app.connection_for_write() as connection:
-        connection.default_channel.queue_delete(queue)  # What beat sent after the worker left.
-    app.close()
-
-
-@pytest.fixture
-def worker(celery_app: Celery) -> Iterator[None]:
-    """A worker in this process, so its tasks use the test database; it stops with the test."""
-    with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
-        yield
 
 
 @pytest.fixture

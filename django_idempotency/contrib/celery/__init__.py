@@ -1,0 +1,7 @@
+"""Celery integration: `idempotent_task`, a task whose body runs once per key."""
+
+from __future__ import annotations
+
+from django_idempotency.contrib.celery.decorators import idempotent_task
+
+__all__ = ["idempotent_task"]

@@ -1,0 +1,81 @@
+"""`@idempotent_task`: a Celery task whose body runs once per key, by default its message id."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from celery import current_task, shared_task  # type: ignore[import-untyped]
+from django.core.exceptions import ImproperlyConfigured
+
+from django_idempotency.conf import Mode, OnConflict, conf
+from django_idempotency.exceptions import KeyInProgress
+from django_idempotency.functions import (
+    MAX_NAMESPACE_LENGTH,
+    ArgumentPicker,
+    CallArguments,
+    RunOptions,
+    lazy_serializer,
+    run_once,
+)
+from django_idempotency.results import ResultSerializer
+
+
+def idempotent_task(
+    *,
+    key: ArgumentPicker | None = None,
+    namespace: str | None = None,
+    ttl: timedelta | float | None = None,
+    payload: ArgumentPicker | Sequence[str] | None = None,
+    owner: ArgumentPicker | None = None,
+    mode: Mode | None = None,
+    on_conflict: OnConflict = "wait",
+    serializer: ResultSerializer | None = None,
+    app: Any = None,
+    **task_options: Any,
+) -> Callable[[Callable[..., Any]], Any]:
+    """Declare a Celery task (``app.task``, or ``shared_task``) whose body runs once per key.
+
+    The key is the message's task id by default, so a redelivered message (``acks_late``, a lost
+    worker) returns the stored result without running the body; ``key`` picks one from the
+    task's arguments instead (a parameter's name, or a callable taking them). A retry of the
+    same message is not a duplicate of itself: a failed attempt releases the key. A duplicate
+    that finds the first attempt still running waits (``on_conflict``) and then retries the
+    task after ``IDEMPOTENCY_LEASE``. Other keyword arguments are the task's own options.
+    """
+    options = RunOptions(ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer)
+    bind = bool(task_options.get("bind", False))
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        name = task_options.get("name") or f"{func.__module__}.{func.__name__}"
+        keyspace = namespace or name
+        if len(keyspace) > MAX_NAMESPACE_LENGTH:
+            raise ImproperlyConfigured(
+                f"The default namespace {keyspace!r} is longer than {MAX_NAMESPACE_LENGTH} "
+                "characters: pass namespace= to @idempotent_task."
+            )
+        arguments = CallArguments(func, key=key, owner=owner, payload=payload, skip_first=bind)
+        result_format = lazy_serializer(func, serializer)
+
+        @functools.wraps(func)
+        def body(*args: Any, **kwargs: Any) -> Any:
+            task = args[0] if bind else current_task
+            task_id = task.request.id
+            if not conf.ENABLED or (key is None and task_id is None):
+                # Called as a plain function: no message, so nothing can be delivered twice.
+                return func(*args, **kwargs)
+            call_args = args[1:] if bind else args
+            call = arguments.call(keyspace, name, "TASK", call_args, kwargs, default_key=task_id)
+            try:
+                return run_once(call, lambda: func(*args, **kwargs), options, result_format())
+            except KeyInProgress as exc:
+                # The first attempt still runs (or its worker died holding a lease): look again
+                # once that lease can have run out; counted against the task's max_retries.
+                raise task.retry(countdown=conf.LEASE.total_seconds(), exc=exc) from exc
+
+        declare = shared_task if app is None else app.task
+        return declare(name=name, **{k: v for k, v in task_options.items() if k != "name"})(body)
+
+    return decorate
