@@ -86,6 +86,14 @@ if os.environ.get("REDIS_URL"):
     }
 IDEMPOTENCY_CACHE = os.environ.get("IDEMPOTENCY_CACHE") or None
 
+# The payment provider's webhook signing secret (Standard Webhooks), and the bank API the
+# settlements call (empty: the demo answers for the bank itself).
+PAYMENTS_WEBHOOK_SECRET = os.environ.get(
+    "PAYMENTS_WEBHOOK_SECRET", "whsec_ZGVtby1vbmx5LW5vdC1hLXJlYWwtc2lnbmluZy1rZXk="
+)
+BANK_API_URL = os.environ.get("BANK_API_URL", "")
+EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+
 # Celery, when installed (`celery -A testproject worker --beat`): Redis as broker and result store.
 CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799/0")
 CELERY_RESULT_BACKEND = CELERY_BROKER_URL

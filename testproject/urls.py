@@ -18,6 +18,7 @@ router.register("bench/lease", views.LeasedPaymentViewSet, basename="bench-lease
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/refunds/", views.create_refund, name="refund-create"),
+    path("webhooks/provider/", views.provider_webhook, name="provider-webhook"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("api/", include(router.urls)),

@@ -25,6 +25,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_idempotency",
     "tests",
+    "testproject.payments",  # The demo's examples are tested against the test database too.
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -69,3 +70,7 @@ REST_FRAMEWORK = {
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 IDEMPOTENCY_WAIT_TIMEOUT = 5
+
+# What the demo's examples read (testproject/settings.py sets them for the demo).
+PAYMENTS_WEBHOOK_SECRET = "whsec_dGVzdHMtb25seS1wcm92aWRlci1zZWNyZXQ="
+BANK_API_URL = ""

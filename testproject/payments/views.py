@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.csrf import csrf_exempt
@@ -12,6 +13,7 @@ from rest_framework import mixins, serializers, viewsets
 
 from django_idempotency import idempotent
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
+from django_idempotency.webhooks import StandardWebhooks
 from testproject.payments.models import Payment, Refund
 
 
@@ -65,3 +67,24 @@ def create_refund(request: HttpRequest) -> HttpResponse:
     response = JsonResponse({"id": refund.pk, "payment": payment.pk, "amount": amount}, status=201)
     response["Location"] = f"/api/refunds/{refund.pk}/"
     return response
+
+
+@csrf_exempt
+@require_POST
+@idempotent(
+    header="webhook-id",
+    namespace="provider-webhooks",
+    required=True,
+    verify=StandardWebhooks(lambda: settings.PAYMENTS_WEBHOOK_SECRET),
+)
+def provider_webhook(request: HttpRequest) -> HttpResponse:
+    """POST /webhooks/provider/: the payment provider's signed events, each handled once.
+
+    A redelivered event (same webhook-id) gets the stored 200, so the provider stops retrying;
+    a forged or stale one gets 400 before anything is stored.
+    """
+    event = json.loads(request.body)
+    if event.get("type") == "payment.refunded":
+        payment = get_object_or_404(Payment, pk=int(event["payment"]))
+        Refund.objects.create(payment=payment, amount=int(event["amount"]))
+    return JsonResponse({"received": event.get("type")})
