@@ -26,3 +26,8 @@ class IdempotencyConfig(AppConfig):
             # Imported only when drf-spectacular is there: the import registers the extension.
             import django_idempotency.contrib.drf_spectacular.extensions  # noqa: F401
 
+        if importlib.util.find_spec("prometheus_client") is not None:
+            # Imported only when prometheus_client is there; nothing is registered before use.
+            from django_idempotency.contrib import prometheus
+
+            prometheus.install()

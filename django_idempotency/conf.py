@@ -147,6 +147,10 @@ class Settings:
         return None if value is None else str(value)
 
     @property
+    def METRICS(self) -> bool:
+        return bool(self._get("IDEMPOTENCY_METRICS", True))
+
+    @property
     def PROBLEM_BASE_URL(self) -> str:
         return str(
             self._get(

@@ -65,7 +65,16 @@ def purge_expired_records(
         _count(report.batches, "batch", "batches"),
         batch_size,
     )
+    observe_purge(report)
     return report
+
+
+def observe_purge(report: PurgeReport) -> None:
+    """Told about each finished purge, dry runs included.
+
+    Does nothing: `django_idempotency.contrib.prometheus` replaces it to count the deleted
+    records and time the purge when prometheus_client is installed.
+    """
 
 
 def _count(number: int, singular: str, plural: str | None = None) -> str:

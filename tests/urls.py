@@ -25,5 +25,6 @@ urlpatterns = [
     path("binary/", views.binary_view),
     path("streaming/", views.streaming_view),
     path("webhooks/", views.webhook_view),
+    path("unguarded/charges/", views.unguarded_view),
     *router.urls,
 ]

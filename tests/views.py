@@ -207,3 +207,8 @@ def webhook_view(request: HttpRequest) -> HttpResponse:
     event = json.loads(request.body)
     Charge.objects.create(reference=f"event:{event['id']}", amount=event["amount"])
     return JsonResponse({"received": event["id"]}, status=202)
+
+
+def unguarded_view(request: HttpRequest) -> HttpResponse:
+    """Not idempotent on purpose: every POST creates a charge, whatever key it carries."""
+    return _django_response(*charge(request))

@@ -46,9 +46,11 @@ class CacheTier(BaseStore):
             cached: CachedRecord | None = self.cache.get(cache_key(request.scope))
         except Exception as exc:  # Any backend, any failure: the store of record answers.
             logger.warning("Idempotency cache unavailable, using the store: %s", exc)
-            return self.inner.lookup(request)
+            cached = None
         if cached is None or cached[1] <= request.now.timestamp():
+            observe_lookup(False)
             return self.inner.lookup(request)
+        observe_lookup(True)
         fingerprint, _, status, headers, body = cached
         if fingerprint != request.fingerprint:
             return Claim(Outcome.MISMATCH)
@@ -136,6 +138,14 @@ class CacheTier(BaseStore):
             self.cache.set(cache_key(claim.scope), value, timeout=int(timeout))
         except Exception as exc:
             logger.warning("Could not copy a record to the idempotency cache: %s", exc)
+
+
+def observe_lookup(hit: bool) -> None:
+    """Told whether each lookup was answered by the cache (a hit) or fell through (a miss).
+
+    Does nothing: `django_idempotency.contrib.prometheus` replaces it with a counter when
+    prometheus_client is installed, so the lookup pays one function call either way.
+    """
 
 
 def cache_key(scope: Scope) -> str:

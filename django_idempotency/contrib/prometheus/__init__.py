@@ -1,0 +1,10 @@
+"""Prometheus metrics for outcomes, check latency, the cache tier and purges.
+
+Installed by the app's `ready()` when prometheus_client is importable; see docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from django_idempotency.contrib.prometheus.metrics import Metrics, get_metrics, install
+
+__all__ = ["Metrics", "get_metrics", "install"]

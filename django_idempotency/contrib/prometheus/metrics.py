@@ -1,0 +1,166 @@
+"""The metrics, registered in prometheus_client's default registry on first use, and their feeds."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.dispatch import Signal
+from prometheus_client import Counter, Histogram
+
+from django_idempotency import purge, signals
+from django_idempotency.conf import conf
+from django_idempotency.stores import cache
+
+PREFIX = "django_idempotency_"
+
+# A cache hit takes well under a millisecond, a claim on PostgreSQL a few; the top buckets catch
+# a slow store and duplicates that wait (on_conflict="wait").
+CHECK_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+# One run, from an idle table to millions of rows in batches.
+PURGE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+OUTCOMES: dict[str, Signal] = {
+    "claimed": signals.claimed,
+    "replayed": signals.replayed,
+    "conflict": signals.conflict,
+    "mismatch": signals.mismatch,
+    "completed": signals.completed,
+    "released": signals.released,
+}
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Every metric of the app; `get_metrics()` returns the one registered instance."""
+
+    outcomes: Counter
+    check_duration: Histogram
+    cache_hits: Counter
+    cache_misses: Counter
+    purged_records: Counter
+    purge_duration: Histogram
+
+
+_metrics: Metrics | None = None
+_lock = threading.Lock()
+# Check latency children by namespace: `labels()` validates and locks on every call.
+_timed: dict[str, Histogram] = {}
+
+
+def get_metrics() -> Metrics:
+    """The metrics; the first call registers them, exactly once per process."""
+    global _metrics
+    if _metrics is None:
+        with _lock:
+            if _metrics is None:
+                _metrics = _register()
+    return _metrics
+
+
+def _register() -> Metrics:
+    registered = Metrics(
+        outcomes=Counter(
+            PREFIX + "outcomes",
+            "Idempotency outcomes: keys claimed, replayed, refused (conflict, mismatch), "
+            "completed or released.",
+            ["namespace", "outcome"],
+        ),
+        check_duration=Histogram(
+            PREFIX + "check_duration_seconds",
+            "Time the store (and cache tier) took to decide what to do with a key.",
+            ["namespace"],
+            buckets=CHECK_BUCKETS,
+        ),
+        cache_hits=Counter(
+            PREFIX + "cache_hits",
+            "Lookups the cache tier answered (a replay or a mismatch) without the store.",
+        ),
+        cache_misses=Counter(
+            PREFIX + "cache_misses",
+            "Lookups the cache tier passed on to the store: not cached, expired or a cache error.",
+        ),
+        purged_records=Counter(
+            PREFIX + "purged_records",
+            "Records deleted by purges: expired records and abandoned claims.",
+            ["kind"],
+        ),
+        purge_duration=Histogram(
+            PREFIX + "purge_duration_seconds",
+            "Duration of each purge, dry runs excluded.",
+            buckets=PURGE_BUCKETS,
+        ),
+    )
+    for kind in ("expired", "abandoned"):
+        registered.purged_records.labels(kind)  # Both series exist from the start, at zero.
+    return registered
+
+
+def install() -> None:
+    """Feed the metrics from the signals and the store hooks; running it again changes nothing.
+
+    Every feed checks IDEMPOTENCY_METRICS on each event, so `override_settings` applies, and
+    nothing is registered while it is False.
+    """
+    for outcome, signal in OUTCOMES.items():
+        signal.connect(
+            _outcome_receiver(outcome),
+            weak=False,
+            dispatch_uid=f"django_idempotency.contrib.prometheus.{outcome}",
+        )
+    cache.observe_lookup = observe_lookup
+    purge.observe_purge = observe_purge
+
+
+def _outcome_receiver(outcome: str) -> Callable[..., None]:
+    # This outcome's children by namespace, as `_timed`; namespaces are few, set in code.
+    counted: dict[str, Counter] = {}
+
+    def receive(
+        sender: Any, *, namespace: str, duration: float | None = None, **kwargs: Any
+    ) -> None:
+        if not conf.METRICS:
+            return
+        counter = counted.get(namespace)
+        if counter is None:
+            counter = counted[namespace] = get_metrics().outcomes.labels(namespace, outcome)
+        counter.inc()
+        if duration is not None:
+            timed = _timed.get(namespace)
+            if timed is None:
+                timed = _timed[namespace] = get_metrics().check_duration.labels(namespace)
+            timed.observe(duration)
+
+    return receive
+
+
+def observe_lookup(hit: bool) -> None:
+    if conf.METRICS:
+        metrics = get_metrics()
+        (metrics.cache_hits if hit else metrics.cache_misses).inc()
+
+
+def observe_purge(report: purge.PurgeReport) -> None:
+    if report.dry_run or not conf.METRICS:
+        return  # A dry run deletes nothing; its time is that of a count.
+    metrics = get_metrics()
+    metrics.purged_records.labels("expired").inc(report.expired)
+    metrics.purged_records.labels("abandoned").inc(report.abandoned)
+    metrics.purge_duration.observe(report.seconds)
