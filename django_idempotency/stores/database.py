@@ -247,8 +247,11 @@ class DatabaseStore(BaseStore):
             table = _q(IdempotencyRecord._meta.db_table)
             with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
                 inner_sql, params = batch.query.sql_with_params()
+                # MATERIALIZED: as a plain IN (subquery) the planner may rescan the LIMIT
+                # subquery once per row and delete far more than one batch.
                 cursor.execute(
-                    f"DELETE FROM {table} WHERE {_q('id')} IN ({inner_sql}) "
+                    f"WITH batch (batch_id) AS MATERIALIZED ({inner_sql}) "
+                    f"DELETE FROM {table} WHERE {_q('id')} IN (SELECT batch_id FROM batch) "
                     f"RETURNING {', '.join(_q(f) for f in fields)}",
                     params,
                 )
