@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery
+from celery import Celery  # type: ignore[import-untyped]
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 

@@ -1,0 +1,155 @@
+"""Build the sdist and the wheel, check what they hold, and run the tests against the wheel.
+
+Usage: python scripts/check_dist.py WORKDIR [pytest arguments...]
+
+1. Copies the source tree to WORKDIR/src (so the build never races a tox build in the checkout)
+   and runs `python -m build` there: an sdist, then a wheel built from that sdist.
+2. `twine check --strict` on both, and a listing check: every file of the package in the source
+   tree (modules, migrations, templates, py.typed) is in the wheel and in the sdist; the wheel
+   holds nothing outside the package and its metadata (no tests/, no testproject/).
+3. Installs the wheel with its `dev` extra into a new virtualenv, copies tests/, testproject/,
+   docs/, manage.py and pyproject.toml (no package source) to WORKDIR/suite, proves that
+   `django_idempotency` is imported from site-packages there, and runs the test suite there, with
+   pytest's `pythonpath` emptied so that nothing but the installed copy can be imported.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import venv
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "django_idempotency"
+NOT_COPIED = (
+    ".git",
+    ".tox",
+    ".venv*",
+    ".services*",
+    "*_cache",
+    ".hypothesis",
+    "__pycache__",
+    "*.pyc",
+    "*.egg-info",
+    "build",
+    "dist",
+    "site",
+    "*.sqlite3",
+)
+SUITE = ("tests", "testproject", "docs", "manage.py", "pyproject.toml")
+
+
+def run(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    print("+", " ".join(str(arg) for arg in args), flush=True)
+    subprocess.run([str(arg) for arg in args], cwd=cwd, env=env, check=True)
+
+
+def fail(message: str) -> None:
+    sys.exit(f"check_dist: {message}")
+
+
+def ignore(_directory: str, names: list[str]) -> set[str]:
+    return {name for name in names if any(fnmatch.fnmatch(name, p) for p in NOT_COPIED)}
+
+
+def package_files() -> set[str]:
+    """Every file of the package in the source tree, as a path relative to the tree."""
+    return {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / PACKAGE).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+
+
+def build(workdir: Path) -> tuple[Path, Path]:
+    source = workdir / "src"
+    shutil.copytree(ROOT, source, ignore=ignore)
+    dist = workdir / "dist"
+    run(sys.executable, "-m", "build", "--outdir", dist, source)
+    (sdist,) = dist.glob("*.tar.gz")
+    (wheel,) = dist.glob("*.whl")
+    run(sys.executable, "-m", "twine", "check", "--strict", sdist, wheel)
+    return sdist, wheel
+
+
+def check_contents(sdist: Path, wheel: Path) -> None:
+    expected = package_files()
+    for required in (
+        f"{PACKAGE}/py.typed",
+        f"{PACKAGE}/migrations/0001_initial.py",
+        f"{PACKAGE}/templates/{PACKAGE}/admin/change_list.html",
+    ):
+        if required not in expected:
+            fail(f"{required} is missing from the source tree")
+
+    with zipfile.ZipFile(wheel) as archive:
+        in_wheel = set(archive.namelist())
+    metadata = {name for name in in_wheel if name.split("/")[0].endswith(".dist-info")}
+    if missing := expected - in_wheel:
+        fail(f"the wheel lacks {sorted(missing)}: add them to [tool.setuptools.package-data]")
+    if stray := in_wheel - expected - metadata:
+        fail(f"the wheel holds files that are not part of the package: {sorted(stray)}")
+
+    with tarfile.open(sdist) as archive:
+        top = archive.getnames()[0].split("/")[0]
+        in_sdist = {
+            name.removeprefix(top + "/")
+            for name in archive.getnames()
+            if archive.getmember(name).isfile()
+        }
+    if missing := expected - in_sdist:
+        fail(f"the sdist lacks {sorted(missing)}")
+    if missing := {"pyproject.toml", "README.md", "LICENSE", "PKG-INFO"} - in_sdist:
+        fail(f"the sdist lacks {sorted(missing)}")
+    print(f"check_dist: {len(expected)} package files in the wheel and the sdist", flush=True)
+
+
+def run_suite(wheel: Path, workdir: Path, pytest_args: list[str]) -> None:
+    environment = workdir / "venv"
+    venv.create(environment, with_pip=True)
+    python = environment / "bin" / "python"
+    run(python, "-m", "pip", "install", "--quiet", f"{wheel}[dev]")
+
+    suite = workdir / "suite"
+    suite.mkdir()
+    for name in SUITE:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, suite / name, ignore=ignore)
+        else:
+            shutil.copy2(source, suite / name)
+
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    run(
+        python,
+        "-c",
+        "import sysconfig, django_idempotency as package; from pathlib import Path; "
+        "site = Path(sysconfig.get_paths()['purelib']).resolve(); "
+        "here = Path(package.__file__).resolve(); print('check_dist: testing', here); "
+        "assert here.is_relative_to(site), f'{here} is not the installed copy in {site}'",
+        cwd=suite,
+        env=env,
+    )
+    pytest = (python, "-m", "pytest", "-p", "no:cacheprovider", "-o", "pythonpath=")
+    run(*pytest, *pytest_args, cwd=suite, env=env)
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        fail(__doc__ or "")
+    workdir = Path(sys.argv[1]).resolve()
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    sdist, wheel = build(workdir)
+    check_contents(sdist, wheel)
+    run_suite(wheel, workdir, sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()
