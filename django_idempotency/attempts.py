@@ -43,6 +43,7 @@ class Attempt:
         self.claim: Claim | None = None
         self.scope: Scope | None = None
         self.owns_transaction = False  # Atomic mode opened its own: a rollback undoes the work.
+        self.store_lost = False  # A release failed because the store could not be reached.
         self._transaction = contextlib.ExitStack()
 
     def __enter__(self) -> Attempt:
@@ -73,9 +74,11 @@ class Attempt:
 
     def _begin(self, request: ClaimRequest) -> Claim:
         store = self.store
-        cached = store.lookup(request)
-        if cached is not None:
-            return cached  # A replay (or mismatch) without opening a transaction.
+        answer = store.lookup(request)
+        if answer is not None and (
+            answer.outcome is not Outcome.IN_PROGRESS or self.on_conflict != "wait"
+        ):
+            return answer  # Decided without opening a transaction.
         deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
         delay = 0.01
         while True:
@@ -96,17 +99,37 @@ class Attempt:
     def complete(self, result: StoredResponse) -> bool:
         """Store the result for every retry; False if the lease was lost to another caller.
 
-        Raises `StoreUnavailable`; in atomic mode the caller's writes are then lost with it.
+        Raises `StoreUnavailable`: at once in atomic mode (the caller's writes are then lost with
+        it); in lease mode only once the lease has ended without the store coming back.
         """
         claim, self.claim = self.claim, None
         if claim is None:
             return False
-        try:
-            kept = self.store.complete(claim, result, timezone.now())
-        except StoreUnavailable:
-            if self.owns_transaction:
-                self.store.discard()
-            raise
+        delay = 0.05
+        while True:
+            try:
+                kept = self.store.complete(claim, result, timezone.now())
+                break
+            except StoreUnavailable as exc:
+                if self.owns_transaction:
+                    self.store.discard()
+                    raise
+                # Lease mode: the work is done and cannot be undone, and until the lease ends
+                # nobody else can take the key over. Keep trying to store the result meanwhile,
+                # so that an outage shorter than the lease does not cost a second run.
+                expires = claim.lease_expires_at  # None in atomic mode: no point retrying.
+                left = (expires - timezone.now()).total_seconds() if expires else 0.0
+                if left <= delay:
+                    raise
+                if delay == 0.05:
+                    logger.warning(
+                        "The store is unreachable; retrying to store the result for up to %.0f s "
+                        "(until the lease ends): %s",
+                        left,
+                        exc,
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
         if kept:
             self._announce(signals.completed, "completed")
         else:
@@ -124,7 +147,7 @@ class Attempt:
         if rollback and self.owns_transaction:
             self.store.discard()
         else:
-            _quietly(self.store.release, claim)
+            self.store_lost = isinstance(_quietly(self.store.release, claim), StoreUnavailable)
         self._announce(signals.released, "released")
 
     def abort(self) -> None:
@@ -161,9 +184,11 @@ class Attempt:
         )
 
 
-def _quietly(action: Callable[[Claim], bool], claim: Claim) -> None:
-    """Release on a failure path: never mask the error that got us here."""
+def _quietly(action: Callable[[Claim], bool], claim: Claim) -> Exception | None:
+    """Release on a failure path: never mask the error that got us here; return the failure."""
     try:
         action(claim)
     except Exception as exc:  # An aborted transaction or a lost store: the lease will expire.
         logger.error("Could not release an idempotency claim: %s", exc)
+        return exc
+    return None

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from django.db import connection, connections
 from django.test import Client, override_settings
 from django.utils import timezone
 
+from django_idempotency import signals
+from django_idempotency.attempts import Attempt
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.stores import ClaimRequest, get_store
+from django_idempotency.stores import ClaimRequest, StoreUnavailable, get_store
 from tests.models import Charge
-from tests.utils import post
+from tests.utils import ViewKind, assert_problem, post
 
 pytestmark = pytest.mark.django_db
 
@@ -123,3 +128,80 @@ def test_lease_mode_crash_releases_the_key_at_once() -> None:
         assert post(client, "/function/charges/", outcome="raise").status_code == 500
         assert not IdempotencyRecord.objects.exists()
         assert post(client, "/function/charges/").status_code == 201
+
+
+# The store's database lost while a lease-mode view runs (tests/reliability: PostgreSQL stopped).
+
+
+def _lose_database(connection: Any) -> dict[str, Any]:
+    """Point the connection at a server that is not there; return its settings to restore."""
+    original = dict(connection.settings_dict)
+    connection.close()
+    if connection.vendor == "postgresql":
+        connection.settings_dict.update(HOST="127.0.0.1", PORT="9", OPTIONS={"connect_timeout": 2})
+    else:
+        connection.settings_dict["NAME"] = "/nonexistent-directory/db.sqlite3"
+    return original
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "view_kind",
+    [ViewKind.FUNCTION, ViewKind.VIEWSET_MIXIN, ViewKind.ASYNC_FUNCTION],
+    ids=lambda kind: kind.name.lower(),
+)
+def test_lease_mode_a_view_that_loses_the_database_is_503_and_keeps_its_claim(
+    view_kind: ViewKind,
+) -> None:
+    lost: list[tuple[Any, dict[str, Any]]] = []
+
+    def database_goes_away(**kwargs: Any) -> None:  # Right after the claim committed.
+        lost.append((connections["default"], _lose_database(connections["default"])))
+
+    signals.claimed.connect(database_goes_away)
+    try:
+        with override_settings(IDEMPOTENCY_MODE="lease"):
+            response = post(Client(raise_request_exception=False), view_kind.url)
+    finally:
+        signals.claimed.disconnect(database_goes_away)
+        for connection, original in lost:
+            connection.close()
+            connection.settings_dict.update(original)
+
+    # The view's own query failed: a 503 to retry later, not a 500. Its claim could not be
+    # released, so it ends with its lease; nothing was charged.
+    assert_problem(response, 503, "store-unavailable")
+    assert IdempotencyRecord.objects.get().status == IdempotencyRecord.Status.IN_PROGRESS
+    assert Charge.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lease_mode_a_result_is_stored_when_the_database_is_back_before_the_lease_ends() -> None:
+    attempt = Attempt(atomic=False, on_conflict="reject")
+    assert attempt.begin(_claim_request(lease=30)).outcome is Outcome.FRESH
+    original = _lose_database(connection)
+    back = threading.Timer(0.3, connection.settings_dict.update, [original])
+    back.start()
+    try:
+        kept = attempt.complete(StoredResponse(201, [], b"stored"))
+    finally:
+        back.join()
+
+    assert kept
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, bytes(record.response_body)) == ("completed", b"stored")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lease_mode_storing_a_result_gives_up_when_the_lease_ends() -> None:
+    attempt = Attempt(atomic=False, on_conflict="reject")
+    assert attempt.begin(_claim_request(lease=0.3)).outcome is Outcome.FRESH
+    original = _lose_database(connection)
+    try:
+        with pytest.raises(StoreUnavailable):
+            attempt.complete(StoredResponse(201, [], b"lost"))
+    finally:
+        connection.close()
+        connection.settings_dict.update(original)
+
+    assert IdempotencyRecord.objects.get().status == IdempotencyRecord.Status.IN_PROGRESS

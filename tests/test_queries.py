@@ -41,32 +41,33 @@ def _added(mode: str) -> tuple[tuple[int, int], tuple[int, int]]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_lease_mode_adds_two_statements_and_replays_in_one() -> None:
+def test_lease_mode_adds_three_statements_and_replays_in_one() -> None:
     fresh, replay = _added("lease")
-    assert fresh == (2, 0)  # The claim, then the stored response; each commits by itself.
-    assert replay == (1, 0)  # The claim statement finds and returns the record.
+    # The lookup (no record yet), the claim, then the stored response; each by itself.
+    assert fresh == (3, 0)
+    assert replay == (1, 0)  # The lookup finds and returns the record.
 
 
 @pytest.mark.django_db(transaction=True)
-def test_atomic_mode_in_its_own_transaction_adds_two_statements_and_begin_commit() -> None:
+def test_atomic_mode_in_its_own_transaction_adds_three_statements_and_begin_commit() -> None:
     fresh, replay = _added("atomic")
-    assert fresh == (2, 2)
-    assert replay == (1, 2)
+    assert fresh == (3, 2)
+    assert replay == (1, 0)  # Answered before any transaction is opened.
 
 
 @pytest.mark.django_db(transaction=True)
-def test_atomic_mode_under_atomic_requests_adds_two_statements_and_no_savepoint(
+def test_atomic_mode_under_atomic_requests_adds_three_statements_and_no_savepoint(
     atomic_requests: None,
 ) -> None:
     fresh, replay = _added("atomic")
-    assert fresh == (2, 0)  # The request's transaction is there with or without the guard.
-    assert replay == (1, 2)
+    assert fresh == (3, 0)  # The request's transaction is there with or without the guard.
+    assert replay == (1, 2)  # The lookup, inside the request's own transaction.
 
 
 @pytest.mark.django_db
-def test_atomic_mode_inside_a_test_case_transaction_adds_two_statements() -> None:
+def test_atomic_mode_inside_a_test_case_transaction_adds_three_statements() -> None:
     fresh, replay = _added("atomic")
-    assert fresh == (2, 0)
+    assert fresh == (3, 0)
     assert replay == (1, 0)
 
 

@@ -201,14 +201,23 @@ def run(
     """Guard a synchronous view call."""
     if not conf.ENABLED:
         return call()
+    guard = Guard(request, options, view, finalize)
     try:
-        with Guard(request, options, view, finalize) as guard:
+        with guard:
             early = guard.prepare()
             if early is not None:
                 return early
             return guard.finish(call())
     except StoreUnavailable:
         # Atomic mode: the commit (or the view's own queries) lost the database; nothing was kept.
+        return _unavailable()
+    except Exception:
+        # The view raised and its key could not even be released: the store's database is gone,
+        # most likely why the view failed (in lease mode its queries run outside the guard's
+        # transaction). Answer as for a lost store; the claim ends with its lease.
+        if guard.attempt is None or not guard.attempt.store_lost:
+            raise
+        logger.error("The view failed while the idempotency store was unreachable", exc_info=True)
         return _unavailable()
 
 
@@ -227,7 +236,11 @@ async def run_async(
         return early
     try:
         response = await call()
-    except BaseException:
+    except BaseException as exc:
         await sync_to_async(guard.abort)()
-        raise
+        if not isinstance(exc, Exception) or guard.attempt is None or not guard.attempt.store_lost:
+            raise
+        # As in `run`: the store's database is gone, which is most likely why the view failed.
+        logger.error("The view failed while the idempotency store was unreachable", exc_info=True)
+        return _unavailable()
     return await sync_to_async(guard.finish)(response)

@@ -46,10 +46,11 @@ class CacheTier(BaseStore):
             cached: CachedRecord | None = self.cache.get(cache_key(request.scope))
         except Exception as exc:  # Any backend, any failure: the store of record answers.
             logger.warning("Idempotency cache unavailable, using the store: %s", exc)
-            cached = None
+            observe_lookup(False)
+            return self.inner.lookup(request)  # No copy either: the cache is down.
         if cached is None or cached[1] <= request.now.timestamp():
             observe_lookup(False)
-            return self.inner.lookup(request)
+            return self._copied(self.inner.lookup(request))
         observe_lookup(True)
         fingerprint, _, status, headers, body = cached
         if fingerprint != request.fingerprint:
@@ -57,10 +58,14 @@ class CacheTier(BaseStore):
         return Claim(Outcome.REPLAY, response=StoredResponse(status, headers, body))
 
     def begin(self, request: ClaimRequest) -> Claim:
-        claim = self.inner.begin(request)
-        if claim.outcome is Outcome.REPLAY and claim.response is not None:
-            # Found in the store but not the cache (evicted, or completed before the tier
-            # existed): copy it so the next retry is served from the cache.
+        claim = self._copied(self.inner.begin(request))
+        assert claim is not None
+        return claim
+
+    def _copied(self, claim: Claim | None) -> Claim | None:
+        """A replay found in the store but not the cache (evicted, or completed before the
+        tier existed) is copied, so the next retry is served from the cache."""
+        if claim is not None and claim.outcome is Outcome.REPLAY and claim.response is not None:
             self._keep(claim, claim.response)
         return claim
 

@@ -6,11 +6,13 @@ import contextlib
 import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from datetime import datetime
 from functools import cached_property
 from typing import Any
 
 from django.db import (
+    DatabaseError,
     InterfaceError,
     NotSupportedError,
     OperationalError,
@@ -32,26 +34,10 @@ from django_idempotency.core.outcomes import (
     is_abandoned,
 )
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores import statements
 from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult, StoreUnavailable
+from django_idempotency.stores.statements import RECORD_COLUMNS, RecordRow
 
-_COLUMNS = (
-    "id",
-    "namespace",
-    "owner",
-    "key",
-    "fingerprint",
-    "status",
-    "method",
-    "path",
-    "response_status",
-    "response_headers",
-    "response_body",
-    "lease_token",
-    "lease_expires_at",
-    "created_at",
-    "completed_at",
-    "expires_at",
-)
 # The columns a claim writes, in the order of `_claim_params`.
 _INSERTED = (
     "namespace",
@@ -71,7 +57,7 @@ _UNREACHABLE = (OperationalError, InterfaceError)
 
 
 class DatabaseStore(BaseStore):
-    """Claims are one INSERT … ON CONFLICT statement; a replay is that same single statement.
+    """A replay is one indexed read outside any transaction; a claim is one INSERT … ON CONFLICT.
 
     On PostgreSQL the statement first tries a transaction-scoped advisory lock on the key: a
     duplicate that arrives while the first request's transaction is still open learns at once
@@ -88,25 +74,32 @@ class DatabaseStore(BaseStore):
     def connection(self) -> BaseDatabaseWrapper:
         return connections[self.alias]
 
+    def lookup(self, request: ClaimRequest) -> Claim | None:
+        """Answer a replay, a mismatch or a live claim with one indexed read, before any
+        transaction is opened; a new, expired or abandoned key goes on to `begin`."""
+        connection = self.connection
+        scope = request.scope
+        try:
+            row = self._fetch_one(self._sql["lookup"], [scope.namespace, scope.owner, scope.key])
+        except _UNREACHABLE as exc:
+            if _is_sqlite_busy(connection, exc):
+                return None  # `begin` decides, answering 409 if SQLite stays busy.
+            raise StoreUnavailable(str(exc)) from exc
+        if row is None or _abandoned(row, request):
+            return None
+        return self._answer(row, request)
+
     def begin(self, request: ClaimRequest) -> Claim:
         connection = self.connection
         token = uuid.uuid4().hex
         try:
-            record = self._insert_or_find(connection, request, token)
-            if record is None:
+            row = self._insert_or_find(connection, request, token)
+            if row is None:
                 return Claim(Outcome.IN_PROGRESS)
-            claimed = getattr(record, "claimed", False)
-            if (
-                not claimed
-                and getattr(record, "acquired", True)  # Nobody else is claiming it right now.
-                and is_abandoned(
-                    status=record.status,
-                    expires_at=record.expires_at,
-                    lease_expires_at=record.lease_expires_at,
-                    now=request.now,
-                )
-            ):
-                claimed = self._take_over(record, request, token)
+            claimed = row.claimed
+            # Only take over a record nobody else is claiming right now.
+            if not claimed and row.acquired and _abandoned(row, request):
+                row, claimed = self._take_over(row, request, token)
         except _UNREACHABLE as exc:
             if _is_sqlite_busy(connection, exc):
                 return Claim(Outcome.IN_PROGRESS)  # SQLite's single writer is busy elsewhere.
@@ -114,63 +107,74 @@ class DatabaseStore(BaseStore):
         if claimed:
             return Claim(
                 Outcome.FRESH,
-                record_id=record.pk,
+                record_id=row.pk,
                 lease_token=token,
-                lease_expires_at=record.lease_expires_at,
+                lease_expires_at=row.lease_expires_at,
                 scope=request.scope,
-                fingerprint=record.fingerprint,
-                expires_at=record.expires_at,
+                fingerprint=row.fingerprint,
+                expires_at=row.expires_at,
             )
+        return self._answer(row, request)
+
+    @staticmethod
+    def _answer(row: RecordRow, request: ClaimRequest) -> Claim:
+        """What an existing record, not ours, means for this request."""
         outcome = classify(
-            status=record.status,
-            stored_fingerprint=record.fingerprint,
+            status=row.status,
+            stored_fingerprint=row.fingerprint,
             fingerprint=request.fingerprint,
-            expires_at=record.expires_at,
+            expires_at=row.expires_at,
             now=request.now,
         )
         if outcome is Outcome.REPLAY:
             return Claim(
                 outcome,
-                record_id=record.pk,
-                response=_stored_response(record),
+                record_id=row.pk,
+                response=_stored_response(row),
                 scope=request.scope,
-                fingerprint=record.fingerprint,
-                expires_at=record.expires_at,
+                fingerprint=row.fingerprint,
+                expires_at=row.expires_at,
             )
-        return Claim(outcome, record_id=record.pk, lease_expires_at=record.lease_expires_at)
+        return Claim(outcome, record_id=row.pk, lease_expires_at=row.lease_expires_at)
 
     def _insert_or_find(
         self, connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
-    ) -> IdempotencyRecord | None:
+    ) -> RecordRow | None:
         """One statement: insert the claim, or return the record already holding the key."""
         sql, params = self._claim_statement(connection, request, token)
-        rows = list(IdempotencyRecord.objects.using(self.alias).raw(sql, params))
-        if not rows:
+        row = self._fetch_one(sql, params)
+        if row is None:
             # Committed between our snapshot and our insert (or, on SQLite, not inserted):
             # a fresh statement sees it.
-            rows = list(
-                IdempotencyRecord.objects.using(self.alias).filter(
-                    namespace=request.scope.namespace,
-                    owner=request.scope.owner,
-                    key=request.scope.key,
-                )
-            )
-        return rows[0] if rows else None
+            scope = request.scope
+            row = self._fetch_one(self._sql["lookup"], [scope.namespace, scope.owner, scope.key])
+        return row
 
-    def _take_over(self, record: IdempotencyRecord, request: ClaimRequest, token: str) -> bool:
+    def _fetch_one(self, sql: str, params: list[Any]) -> RecordRow | None:
+        with statements.cursor(self.connection) as cursor:
+            cursor.execute(sql, params)
+            values = cursor.fetchone()
+        return None if values is None else statements.to_row(values)
+
+    def _take_over(
+        self, row: RecordRow, request: ClaimRequest, token: str
+    ) -> tuple[RecordRow, bool]:
         """Claim an abandoned record, unless a concurrent request got there first."""
         now = request.now
-        record.fingerprint = request.fingerprint
-        record.lease_expires_at = now + request.lease if request.lease is not None else None
-        record.expires_at = now + request.ttl
+        row = replace(
+            row,
+            fingerprint=request.fingerprint,
+            lease_expires_at=now + request.lease if request.lease is not None else None,
+            expires_at=now + request.ttl,
+        )
         updated = (
             IdempotencyRecord.objects.using(self.alias)
             .filter(
                 Q(expires_at__lte=now) | Q(status=Status.IN_PROGRESS, lease_expires_at__lte=now),
-                pk=record.pk,
+                pk=row.pk,
             )
             .update(
-                fingerprint=record.fingerprint,
+                fingerprint=row.fingerprint,
                 status=Status.IN_PROGRESS.value,
                 method=request.method,
                 path=request.path,
@@ -178,28 +182,33 @@ class DatabaseStore(BaseStore):
                 response_headers=[],
                 response_body=None,
                 lease_token=token,
-                lease_expires_at=record.lease_expires_at,
+                lease_expires_at=row.lease_expires_at,
                 created_at=now,
                 completed_at=None,
-                expires_at=record.expires_at,
+                expires_at=row.expires_at,
             )
         )
-        return updated == 1
+        return row, updated == 1
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
-        with _reachable():
-            updated = self._own(claim).update(
-                status=Status.COMPLETED.value,
-                response_status=response.status,
-                response_headers=[list(pair) for pair in response.headers],
-                response_body=response.body,
-                completed_at=now,
-                lease_expires_at=None,
-            )
-        return updated == 1
+        assert claim.record_id is not None and claim.lease_token is not None
+        connection = self.connection
+        ops = connection.ops
+        params = [
+            Status.COMPLETED.value,
+            response.status,
+            ops.adapt_json_value([list(pair) for pair in response.headers], None),
+            response.body,
+            ops.adapt_datetimefield_value(now),
+            claim.record_id,
+            claim.lease_token,  # Fencing: only while the claim still holds its lease token.
+        ]
+        with _reachable(connection), statements.cursor(connection) as cursor:
+            cursor.execute(self._sql["complete"], params)
+            return bool(cursor.rowcount == 1)
 
     def release(self, claim: Claim) -> bool:
-        with _reachable():
+        with _reachable(self.connection):
             deleted, _ = self._own(claim).delete()
         return deleted == 1
 
@@ -331,15 +340,38 @@ class DatabaseStore(BaseStore):
 
     @cached_property
     def _sql(self) -> dict[str, str]:
-        return {"postgresql": _postgresql_claim_sql(), "sqlite": _sqlite_claim_sql()}
+        table = _q(IdempotencyRecord._meta.db_table)
+        columns = ", ".join(_q(c) for c in RECORD_COLUMNS)
+        scope = f"{_q('namespace')} = %s AND {_q('owner')} = %s AND {_q('key')} = %s"
+        completed = ", ".join(
+            f"{_q(c)} = %s"
+            for c in ("status", "response_status", "response_headers", "response_body")
+        )
+        return {
+            "postgresql": _postgresql_claim_sql(),
+            "sqlite": _sqlite_claim_sql(),
+            "lookup": f"SELECT {columns} FROM {table} WHERE {scope}",
+            "complete": (
+                f"UPDATE {table} SET {completed}, {_q('completed_at')} = %s, "
+                f"{_q('lease_expires_at')} = NULL "
+                f"WHERE {_q('id')} = %s AND {_q('lease_token')} = %s"
+            ),
+        }
 
 
 @contextlib.contextmanager
-def _reachable() -> Iterator[None]:
-    """Turn a lost database into `StoreUnavailable`, which the views answer with a 503."""
+def _reachable(connection: BaseDatabaseWrapper | None = None) -> Iterator[None]:
+    """Turn a lost database into `StoreUnavailable`, which the views answer with a 503.
+
+    Given the connection, and outside a transaction, drop it: it is most likely dead, and
+    Django would otherwise send the next statement (a retry) down it again.
+    """
     try:
         yield
     except _UNREACHABLE as exc:
+        if connection is not None and not connection.in_atomic_block:
+            with contextlib.suppress(DatabaseError):
+                connection.close()
         raise StoreUnavailable(str(exc)) from exc
 
 
@@ -353,11 +385,20 @@ def _lock_id(namespace: str, owner: str, key: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _stored_response(record: IdempotencyRecord) -> StoredResponse:
+def _abandoned(row: RecordRow, request: ClaimRequest) -> bool:
+    return is_abandoned(
+        status=row.status,
+        expires_at=row.expires_at,
+        lease_expires_at=row.lease_expires_at,
+        now=request.now,
+    )
+
+
+def _stored_response(row: RecordRow) -> StoredResponse:
     return StoredResponse(
-        status=record.response_status or 200,
-        headers=[(str(name), str(value)) for name, value in record.response_headers],
-        body=bytes(record.response_body or b""),
+        status=row.response_status or 200,
+        headers=[(str(name), str(value)) for name, value in row.response_headers],
+        body=row.response_body or b"",
     )
 
 
@@ -370,7 +411,7 @@ _ON_CONFLICT = f"ON CONFLICT ({_q('namespace')}, {_q('owner')}, {_q('key')}) DO 
 
 def _postgresql_claim_sql() -> str:
     table = _q(IdempotencyRecord._meta.db_table)
-    columns = ", ".join(_q(c) for c in _COLUMNS)
+    columns = ", ".join(_q(c) for c in RECORD_COLUMNS)
     casts = {"response_headers": "::jsonb", "lease_expires_at": "::timestamptz"}
     casts |= {"created_at": "::timestamptz", "expires_at": "::timestamptz"}
     values = ", ".join(f"%s{casts.get(c, '')}" for c in _INSERTED)
@@ -388,7 +429,7 @@ def _postgresql_claim_sql() -> str:
 
 def _sqlite_claim_sql() -> str:
     table = _q(IdempotencyRecord._meta.db_table)
-    columns = ", ".join(_q(c) for c in _COLUMNS)
+    columns = ", ".join(_q(c) for c in RECORD_COLUMNS)
     values = ", ".join("%s" for _ in _INSERTED)
     return (
         f"INSERT INTO {table} ({', '.join(_q(c) for c in _INSERTED)}) VALUES ({values}) "

@@ -1,0 +1,115 @@
+"""The database store's hot statements: run through Django's cursor, prepared on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.dateparse import parse_datetime
+
+# What the store reads of a record, in this order, by every statement that returns one.
+RECORD_COLUMNS = (
+    "id",
+    "fingerprint",
+    "status",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "lease_expires_at",
+    "expires_at",
+)
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    """A record as the store's statements return it: no model instance, no ORM on the hot path."""
+
+    pk: int
+    fingerprint: str
+    status: str
+    response_status: int | None
+    response_headers: list[list[str]]
+    response_body: bytes | None
+    lease_expires_at: datetime | None
+    expires_at: datetime
+    claimed: bool = False  # This statement inserted it.
+    acquired: bool = True  # Nobody else was claiming the key when the statement ran.
+
+
+def to_row(values: Sequence[Any]) -> RecordRow:
+    """Decode one result row; SQLite hands back text where PostgreSQL has types."""
+    pk, fingerprint, status, response_status, headers, body, lease_expires_at, expires_at = values[
+        : len(RECORD_COLUMNS)
+    ]
+    flags = [bool(flag) for flag in values[len(RECORD_COLUMNS) :]]
+    return RecordRow(
+        pk=int(pk),
+        fingerprint=str(fingerprint),
+        status=str(status),
+        response_status=response_status,
+        response_headers=json.loads(headers) if isinstance(headers, (str, bytes)) else headers,
+        response_body=None if body is None else bytes(body),
+        lease_expires_at=_datetime(lease_expires_at),
+        expires_at=_datetime(expires_at),  # type: ignore[arg-type]
+        claimed=flags[0] if flags else False,
+        acquired=flags[1] if len(flags) > 1 else True,
+    )
+
+
+def _datetime(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)  # SQLite: naive, stored in UTC (USE_TZ).
+    return parsed
+
+
+@contextmanager
+def cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+    """Django's cursor, so query logging and execute wrappers see every statement.
+
+    On PostgreSQL with psycopg 3 the statement is sent with server-side parameters and
+    prepared once per connection: its plan is then reused instead of being made again on every
+    request (the claim's plan costs more than its execution).
+    """
+    prepared = _prepared_cursor_class() if connection.vendor == "postgresql" else None
+    if prepared is None:
+        with connection.cursor() as django_cursor:
+            yield django_cursor
+        return
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        # The wrapping `connection.cursor()` applies (logging, execute wrappers), around ours.
+        django_cursor = connection._prepare_cursor(  # type: ignore[attr-defined]
+            prepared(connection.connection)
+        )
+    with django_cursor:
+        yield django_cursor
+
+
+_PREPARED: list[type] = []
+
+
+def _prepared_cursor_class() -> type | None:
+    if not _PREPARED:
+        try:
+            from django.db.backends.postgresql import base
+        except ImportError:  # No PostgreSQL driver at all.
+            return None
+        server_binding: Any = getattr(base, "ServerBindingCursor", None)
+        if server_binding is None:  # psycopg2: client-side binding only, nothing to prepare.
+            return None
+
+        class PreparedCursor(server_binding):  # type: ignore[misc]
+            def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+                kwargs["prepare"] = True
+                return super().execute(query, params, **kwargs)
+
+        _PREPARED.append(PreparedCursor)
+    return _PREPARED[0]
