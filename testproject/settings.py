@@ -72,8 +72,17 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {"TITLE": "django-idempotency demo", "VERSION": "0.1.0"}
 
 # django-idempotency: keys are optional by default; the payments endpoints require them.
-IDEMPOTENCY_TTL = 24 * 60 * 60
+# Each can be set from the environment when serving the demo (tests/reliability does).
+IDEMPOTENCY_TTL = float(os.environ.get("IDEMPOTENCY_TTL", 24 * 60 * 60))
 IDEMPOTENCY_MODE = os.environ.get("IDEMPOTENCY_MODE", "atomic")
+IDEMPOTENCY_ON_CONFLICT = os.environ.get("IDEMPOTENCY_ON_CONFLICT", "reject")
+IDEMPOTENCY_LEASE = float(os.environ.get("IDEMPOTENCY_LEASE", 60))
+# Keys shared by a tenant's members (X-Tenant header):
+# IDEMPOTENCY_OWNER_RESOLVER=testproject.payments.owners.tenant_owner
+IDEMPOTENCY_OWNER_RESOLVER = (
+    os.environ.get("IDEMPOTENCY_OWNER_RESOLVER")
+    or "django_idempotency.http.owners.authenticated_user"
+)
 
 # The cache tier, when a Redis is at hand: IDEMPOTENCY_CACHE=idempotency REDIS_URL=redis://...
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -14,10 +14,15 @@ router.register("payments", views.PaymentViewSet, basename="payment")
 # Variants the benchmark compares (benchmarks/README.md).
 router.register("bench/plain", views.PlainPaymentViewSet, basename="bench-plain")
 router.register("bench/lease", views.LeasedPaymentViewSet, basename="bench-lease")
+# A slow payment, a staff-only one (tests/reliability serves the demo to test retries under fire).
+router.register("provider/payments", views.ProviderPaymentViewSet, basename="provider-payment")
+router.register("provider/lease", views.LeasedProviderPaymentViewSet, basename="provider-lease")
+router.register("staff/payments", views.StaffPaymentViewSet, basename="staff-payment")
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/refunds/", views.create_refund, name="refund-create"),
+    path("checkout/", views.checkout, name="checkout"),
     path("webhooks/provider/", views.provider_webhook, name="provider-webhook"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
 
 from tests.utils import ViewKind
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/reliability runs only when named (tox -e reliability): it starts servers of its own."""
+    if collection_path != Path(__file__).parent / "reliability":
+        return None
+    named = ((config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args)
+    return True if not any(path.is_relative_to(collection_path) for path in named) else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
+from django import forms
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from rest_framework import mixins, serializers, viewsets
+from rest_framework import mixins, permissions, serializers, viewsets
 
 from django_idempotency import idempotent
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
@@ -52,6 +57,49 @@ class LeasedPaymentViewSet(PaymentViewSet):
     idempotency_namespace = "payments-lease"
 
 
+class ProviderPaymentSerializer(PaymentSerializer):
+    """A payment the card provider takes `delay` seconds to confirm (a stand-in for its API)."""
+
+    delay = serializers.FloatField(write_only=True, min_value=0, max_value=10, default=0)
+
+    class Meta(PaymentSerializer.Meta):
+        fields = [*PaymentSerializer.Meta.fields, "delay"]
+
+    def create(self, validated_data: dict[str, Any]) -> Payment:
+        time.sleep(validated_data.pop("delay"))
+        return super().create(validated_data)
+
+
+class ProviderPaymentViewSet(PaymentViewSet):
+    """POST /api/provider/payments/ {"amount": n, "delay": s}: a slow view, for watching retries.
+
+    A duplicate sent while the first is still waiting for the provider gets 409 (or waits, with
+    IDEMPOTENCY_ON_CONFLICT=wait); a worker killed meanwhile leaves nothing behind, since the
+    claim and the payment commit together (atomic mode).
+    """
+
+    serializer_class = ProviderPaymentSerializer
+    idempotency_namespace = "provider-payments"
+
+
+class LeasedProviderPaymentViewSet(ProviderPaymentViewSet):
+    """The slow payment in lease mode: a killed worker's claim is taken over once its lease ends."""
+
+    idempotency_mode = "lease"
+    idempotency_namespace = "provider-payments-lease"
+
+
+class StaffPaymentViewSet(PaymentViewSet):
+    """POST /api/staff/payments/: payments taken by staff on a customer's behalf.
+
+    DRF checks the permission before the key is looked at, so a retry from a user whose staff
+    status was revoked meanwhile gets 403, never the stored response.
+    """
+
+    permission_classes = [permissions.IsAdminUser]
+    idempotency_namespace = "staff-payments"
+
+
 @csrf_exempt
 @require_POST
 @idempotent(required=True, namespace="refunds")
@@ -66,6 +114,31 @@ def create_refund(request: HttpRequest) -> HttpResponse:
     refund = Refund.objects.create(payment=payment, amount=amount)
     response = JsonResponse({"id": refund.pk, "payment": payment.pk, "amount": amount}, status=201)
     response["Location"] = f"/api/refunds/{refund.pk}/"
+    return response
+
+
+class CheckoutForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = Payment
+        fields = ["amount", "currency", "description"]
+
+
+@csrf_exempt
+@require_POST
+@idempotent(required=True, namespace="checkout")
+def checkout(request: HttpRequest) -> HttpResponse:
+    """POST /checkout/ (an HTML form): pay, flash a message, redirect to the payment (303).
+
+    A double-submitted form gets the same redirect to the same payment. The cookie the view sets
+    (the currency to preselect next time) is not replayed: a stored response never sets cookies.
+    """
+    form = CheckoutForm(request.POST)
+    if not form.is_valid():
+        return JsonResponse({"errors": form.errors}, status=400)
+    payment = form.save()
+    messages.success(request, f"Payment of {payment} received.")
+    response = HttpResponseRedirect(reverse("payment-detail", args=[payment.pk]), status=303)
+    response.set_cookie("preferred_currency", payment.currency, samesite="Lax")
     return response
 
 
