@@ -28,9 +28,12 @@ start_postgres() {
   PG_STARTED_HERE=0
   if ! _as_pg_user "pg_ctl -D '$PG_DATA' status" >/dev/null 2>&1; then
     PG_STARTED_HERE=1
+    # Throw-away data: skip the disk flushes, unless PG_DURABLE=1 asks for production settings.
+    local durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    [ "${PG_DURABLE:-0}" = "1" ] && durability=""
     _as_pg_user "pg_ctl -D '$PG_DATA' -l '$SERVICES_DIR/postgres.log' -w -t 60 start \
       -o \"-c listen_addresses=127.0.0.1 -c port=$PG_PORT -c unix_socket_directories='$PG_DATA' \
-          -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off\"" >/dev/null
+          -c max_connections=300 $durability\"" >/dev/null
   fi
   export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/idempotency"
   echo "PostgreSQL ready on 127.0.0.1:$PG_PORT"
