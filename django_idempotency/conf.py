@@ -36,6 +36,16 @@ def choice(value: str, allowed: tuple[str, ...], name: str) -> str:
     return value
 
 
+def check_options(mode: str | None, on_conflict: str | None, ttl: timedelta | float | None) -> None:
+    """Validate a decorator's options when it is applied, not on the first request or call."""
+    if mode is not None:
+        choice(mode, MODES, "mode")
+    if on_conflict is not None:
+        choice(on_conflict, ON_CONFLICT, "on_conflict")
+    if ttl is not None:
+        to_timedelta(ttl, "ttl")
+
+
 def load_callable(value: str | Callable[..., Any], name: str) -> Callable[..., Any]:
     if callable(value):
         return value

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from django_idempotency.attempts import Attempt
-from django_idempotency.conf import MODES, ON_CONFLICT, Mode, OnConflict, choice, conf, to_timedelta
+from django_idempotency.conf import Mode, OnConflict, check_options, conf, to_timedelta
 from django_idempotency.core.fingerprint import canonical_json, fingerprint
 from django_idempotency.core.keys import MAX_KEY_LENGTH
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
@@ -47,13 +47,7 @@ class RunOptions:
     serializer: ResultSerializer | None = None
 
     def __post_init__(self) -> None:
-        # Fail when the decorator is applied, not on the first call.
-        if self.mode is not None:
-            choice(self.mode, MODES, "mode")
-        if self.on_conflict is not None:
-            choice(self.on_conflict, ON_CONFLICT, "on_conflict")
-        if self.ttl is not None:
-            to_timedelta(self.ttl, "ttl")
+        check_options(self.mode, self.on_conflict, self.ttl)
 
 
 def run_once(

@@ -15,3 +15,13 @@ conflict = Signal()  # Another caller holds the key right now (409, or the in-pr
 mismatch = Signal()  # The key was used for a different request or payload (422).
 completed = Signal()  # The result was stored and will be replayed to every retry.
 released = Signal()  # Nothing was stored; the key is free for a retry.
+
+# Every signal by the outcome name the logs and metrics use.
+BY_OUTCOME: dict[str, Signal] = {
+    "claimed": claimed,
+    "replayed": replayed,
+    "conflict": conflict,
+    "mismatch": mismatch,
+    "completed": completed,
+    "released": released,
+}

@@ -25,15 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = ["IdempotencyAssertionsMixin", "assert_idempotent"]
 
-_OUTCOMES = {
-    "claimed": signals.claimed,
-    "replayed": signals.replayed,
-    "conflict": signals.conflict,
-    "mismatch": signals.mismatch,
-    "completed": signals.completed,
-    "released": signals.released,
-}
-
 
 def assert_idempotent(
     client: Client,
@@ -127,7 +118,7 @@ def _outcomes_of(key: str) -> Iterator[collections.Counter[str]]:
     """Count the signals sent for `key` (in any namespace, for any owner) while the block runs."""
     seen: collections.Counter[str] = collections.Counter()
     receivers = []
-    for outcome, signal in _OUTCOMES.items():
+    for outcome, signal in signals.BY_OUTCOME.items():
 
         def receive(sender: Any, *, outcome: str = outcome, **kwargs: Any) -> None:
             if kwargs.get("key") == key:

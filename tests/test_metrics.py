@@ -21,7 +21,7 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 import tests
-from django_idempotency import purge
+from django_idempotency import purge, signals
 from django_idempotency.conf import conf
 from django_idempotency.contrib import prometheus
 from django_idempotency.contrib.prometheus import metrics as prometheus_metrics
@@ -267,15 +267,13 @@ def test_metrics_are_named_prefixed_and_documented() -> None:
 
 def test_running_ready_again_registers_and_connects_nothing_twice() -> None:
     registered = prometheus.get_metrics()
-    receivers = {
-        name: len(signal.receivers) for name, signal in prometheus_metrics.OUTCOMES.items()
-    }
+    receivers = {name: len(signal.receivers) for name, signal in signals.BY_OUTCOME.items()}
 
     apps.get_app_config("django_idempotency").ready()
     prometheus.install()
 
     assert prometheus.get_metrics() is registered
-    assert {name: len(s.receivers) for name, s in prometheus_metrics.OUTCOMES.items()} == receivers
+    assert {name: len(s.receivers) for name, s in signals.BY_OUTCOME.items()} == receivers
     assert cache.observe_lookup is prometheus_metrics.observe_lookup
     assert purge.observe_purge is prometheus_metrics.observe_purge
 

@@ -7,7 +7,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
 
-from django_idempotency.conf import MODES, ON_CONFLICT, Mode, OnConflict, choice, conf, to_timedelta
+from django_idempotency.conf import (
+    MODES,
+    ON_CONFLICT,
+    Mode,
+    OnConflict,
+    check_options,
+    choice,
+    conf,
+    to_timedelta,
+)
 
 
 @dataclass(frozen=True)
@@ -23,13 +32,7 @@ class Options:
     verify: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
-        # Fail at import time for a typo in a decorator, not on the first request.
-        if self.mode is not None:
-            choice(self.mode, MODES, "mode")
-        if self.on_conflict is not None:
-            choice(self.on_conflict, ON_CONFLICT, "on_conflict")
-        if self.ttl is not None:
-            to_timedelta(self.ttl, "ttl")
+        check_options(self.mode, self.on_conflict, self.ttl)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.dispatch import Signal
 from prometheus_client import Counter, Histogram
 
 from django_idempotency import purge, signals
@@ -36,15 +35,6 @@ CHECK_BUCKETS = (
 )
 # One run, from an idle table to millions of rows in batches.
 PURGE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-
-OUTCOMES: dict[str, Signal] = {
-    "claimed": signals.claimed,
-    "replayed": signals.replayed,
-    "conflict": signals.conflict,
-    "mismatch": signals.mismatch,
-    "completed": signals.completed,
-    "released": signals.released,
-}
 
 
 @dataclass(frozen=True)
@@ -119,7 +109,7 @@ def install() -> None:
     Every feed checks IDEMPOTENCY_METRICS on each event, so `override_settings` applies, and
     nothing is registered while it is False.
     """
-    for outcome, signal in OUTCOMES.items():
+    for outcome, signal in signals.BY_OUTCOME.items():
         signal.connect(
             _outcome_receiver(outcome),
             weak=False,
