@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from datetime import timedelta
@@ -15,6 +16,7 @@ from django.utils import timezone
 
 from django_idempotency.core.outcomes import Scope
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores import cache as cache_module
 from django_idempotency.stores import get_store
 from django_idempotency.stores.cache import cache_key
 from tests.models import Charge
@@ -140,6 +142,19 @@ def test_redis_down_fails_no_request(dead_redis: None) -> None:
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
     assert Charge.objects.count() == 2
+
+
+def test_redis_down_is_logged_once_not_once_a_request(
+    dead_redis: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = Client()
+    cache_module._last_warning[0] = float("-inf")  # As in a fresh process.
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        for key in ("a", "b", "c", "a", "b"):
+            assert post(client, URL, key=key).status_code == 201
+
+    warnings = [r for r in caplog.records if "idempotency cache" in r.getMessage().lower()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
 
 
 def test_purge_with_redis_down_still_purges(dead_redis: None) -> None:

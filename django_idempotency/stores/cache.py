@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
@@ -45,7 +46,7 @@ class CacheTier(BaseStore):
         try:
             cached: CachedRecord | None = self.cache.get(cache_key(request.scope))
         except Exception as exc:  # Any backend, any failure: the store of record answers.
-            logger.warning("Idempotency cache unavailable, using the store: %s", exc)
+            _warn_quietly("Idempotency cache unavailable, using the store: %s", exc)
             observe_lookup(False)
             return self.inner.lookup(request)  # No copy either: the cache is down.
         if cached is None or cached[1] <= request.now.timestamp():
@@ -142,7 +143,7 @@ class CacheTier(BaseStore):
         try:
             self.cache.set(cache_key(claim.scope), value, timeout=int(timeout))
         except Exception as exc:
-            logger.warning("Could not copy a record to the idempotency cache: %s", exc)
+            _warn_quietly("Could not copy a record to the idempotency cache: %s", exc)
 
 
 def observe_lookup(hit: bool) -> None:
@@ -151,6 +152,19 @@ def observe_lookup(hit: bool) -> None:
     Does nothing: `django_idempotency.contrib.prometheus` replaces it with a counter when
     prometheus_client is installed, so the lookup pays one function call either way.
     """
+
+
+_QUIET_SECONDS = 10.0
+_last_warning = [float("-inf")]
+
+
+def _warn_quietly(message: str, exc: Exception) -> None:
+    """A cache outage fails every request's cache call: one warning every few seconds says as
+    much as one per request, without flooding the logs while the store answers."""
+    now = time.monotonic()
+    if now - _last_warning[0] >= _QUIET_SECONDS:
+        _last_warning[0] = now
+        logger.warning(message, exc)
 
 
 def cache_key(scope: Scope) -> str:
