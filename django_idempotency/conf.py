@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from datetime import timedelta
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from django.conf import settings as django_settings
@@ -52,9 +53,15 @@ def load_callable(value: str | Callable[..., Any], name: str) -> Callable[..., A
     if not isinstance(value, str):
         raise ImproperlyConfigured(f"{name} must be a dotted path or a callable, not {value!r}.")
     try:
-        return cast("Callable[..., Any]", import_string(value))
+        return _imported(value)
     except ImportError as exc:
         raise ImproperlyConfigured(f"{name} = {value!r} cannot be imported: {exc}") from exc
+
+
+@lru_cache(maxsize=64)
+def _imported(dotted_path: str) -> Callable[..., Any]:
+    """Import once per path: settings are still read on every use, imports are not redone."""
+    return cast("Callable[..., Any]", import_string(dotted_path))
 
 
 class Settings:

@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.test import override_settings
 
+from django_idempotency import conf as conf_module
 from django_idempotency.conf import conf, to_timedelta
 from django_idempotency.http.options import Options
 from django_idempotency.http.owners import authenticated_user
@@ -267,3 +268,21 @@ def test_valid_options_construct() -> None:
     options = Options(mode="lease", on_conflict="wait", ttl=60, namespace="refunds")
 
     assert (options.mode, options.on_conflict, options.ttl) == ("lease", "wait", 60)
+
+
+def test_dotted_paths_are_imported_once_not_on_every_request() -> None:
+    with override_settings(
+        IDEMPOTENCY_OWNER_RESOLVER="django_idempotency.http.owners.authenticated_user"
+    ):
+        first = conf.OWNER_RESOLVER
+        imports = conf_module._imported.cache_info().misses
+
+        assert all(conf.OWNER_RESOLVER is first for _ in range(3))
+        assert conf_module._imported.cache_info().misses == imports
+
+    with override_settings(IDEMPOTENCY_OWNER_RESOLVER="tests.test_conf.a_resolver"):
+        assert conf.OWNER_RESOLVER is a_resolver  # The setting is still read on each use.
+
+
+def a_resolver(request: Any) -> str:
+    return "tenant"
