@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from tests.utils import ViewKind
+from tests.utils import ViewKind, lose_database
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -41,12 +41,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.fixture
 def database_down(transactional_db: None) -> Iterator[None]:
     """Point the default connection at a server that is not there, then restore it."""
-    original = dict(connection.settings_dict)
-    connection.close()
-    if connection.vendor == "postgresql":
-        connection.settings_dict.update(HOST="127.0.0.1", PORT="9", OPTIONS={"connect_timeout": 2})
-    else:
-        connection.settings_dict["NAME"] = "/nonexistent-directory/db.sqlite3"
+    original = lose_database(connection)
     try:
         yield
     finally:

@@ -20,7 +20,7 @@ from django_idempotency.stores import cache as cache_module
 from django_idempotency.stores import get_store
 from django_idempotency.stores.cache import cache_key
 from tests.models import Charge
-from tests.utils import assert_problem, post
+from tests.utils import assert_problem, post, redis_caches
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799")
 URL = "/viewset/charges/"
@@ -29,21 +29,10 @@ SCOPE = Scope("default", "", "key-1")
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
-def _caches(location: str) -> dict[str, dict[str, object]]:
-    return {
-        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-        "idempotency": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": location,
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
-        },
-    }
-
-
 @pytest.fixture(params=["atomic", "lease"])
 def redis_tier(request: pytest.FixtureRequest) -> Iterator[str]:
     with override_settings(
-        CACHES=_caches(f"{REDIS_URL}/2"),
+        CACHES=redis_caches(f"{REDIS_URL}/2"),
         IDEMPOTENCY_CACHE="idempotency",
         IDEMPOTENCY_MODE=request.param,
     ):
@@ -56,7 +45,7 @@ def redis_tier(request: pytest.FixtureRequest) -> Iterator[str]:
 def dead_redis() -> Iterator[None]:
     # Nothing listens on port 9: every cache call fails as when Redis is down.
     with override_settings(
-        CACHES=_caches("redis://127.0.0.1:9/0"), IDEMPOTENCY_CACHE="idempotency"
+        CACHES=redis_caches("redis://127.0.0.1:9/0"), IDEMPOTENCY_CACHE="idempotency"
     ):
         yield
 

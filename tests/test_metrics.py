@@ -27,7 +27,7 @@ from django_idempotency.contrib import prometheus
 from django_idempotency.contrib.prometheus import metrics as prometheus_metrics
 from django_idempotency.stores import cache
 from tests.factories import IdempotencyRecordFactory
-from tests.utils import fingerprint_of, post
+from tests.utils import fingerprint_of, post, redis_caches
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799")
 URL = "/function/charges/"
@@ -154,21 +154,10 @@ def test_idempotency_metrics_false_counts_nothing(delta: Delta) -> None:
 @pytest.fixture
 def redis_tier() -> Iterator[None]:
     location = f"{REDIS_URL}/3"
-    with override_settings(CACHES=_caches(location), IDEMPOTENCY_CACHE="idempotency"):
+    with override_settings(CACHES=redis_caches(location), IDEMPOTENCY_CACHE="idempotency"):
         caches["idempotency"].clear()  # Fails loudly when Redis is not running.
         yield
         caches["idempotency"].clear()
-
-
-def _caches(location: str) -> dict[str, dict[str, object]]:
-    return {
-        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-        "idempotency": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": location,
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
-        },
-    }
 
 
 HITS = PREFIX + "cache_hits_total"
@@ -197,7 +186,7 @@ def test_a_replay_from_the_cache_is_a_hit_and_a_new_key_a_miss(
 def test_a_cache_error_is_a_miss(delta: Delta) -> None:
     # Nothing listens on port 9: every cache call fails, and the store answers.
     with override_settings(
-        CACHES=_caches("redis://127.0.0.1:9/0"), IDEMPOTENCY_CACHE="idempotency"
+        CACHES=redis_caches("redis://127.0.0.1:9/0"), IDEMPOTENCY_CACHE="idempotency"
     ):
         client = Client()
         post(client, URL)

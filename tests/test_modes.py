@@ -18,7 +18,7 @@ from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import ClaimRequest, StoreUnavailable, get_store
 from tests.models import Charge
-from tests.utils import ViewKind, assert_problem, post
+from tests.utils import ViewKind, assert_problem, lose_database, post
 
 pytestmark = pytest.mark.django_db
 
@@ -133,17 +133,6 @@ def test_lease_mode_crash_releases_the_key_at_once() -> None:
 # The store's database lost while a lease-mode view runs (tests/reliability: PostgreSQL stopped).
 
 
-def _lose_database(connection: Any) -> dict[str, Any]:
-    """Point the connection at a server that is not there; return its settings to restore."""
-    original = dict(connection.settings_dict)
-    connection.close()
-    if connection.vendor == "postgresql":
-        connection.settings_dict.update(HOST="127.0.0.1", PORT="9", OPTIONS={"connect_timeout": 2})
-    else:
-        connection.settings_dict["NAME"] = "/nonexistent-directory/db.sqlite3"
-    return original
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     "view_kind",
@@ -156,7 +145,7 @@ def test_lease_mode_a_view_that_loses_the_database_is_503_and_keeps_its_claim(
     lost: list[tuple[Any, dict[str, Any]]] = []
 
     def database_goes_away(**kwargs: Any) -> None:  # Right after the claim committed.
-        lost.append((connections["default"], _lose_database(connections["default"])))
+        lost.append((connections["default"], lose_database(connections["default"])))
 
     signals.claimed.connect(database_goes_away)
     try:
@@ -179,7 +168,7 @@ def test_lease_mode_a_view_that_loses_the_database_is_503_and_keeps_its_claim(
 def test_lease_mode_a_result_is_stored_when_the_database_is_back_before_the_lease_ends() -> None:
     attempt = Attempt(atomic=False, on_conflict="reject")
     assert attempt.begin(_claim_request(lease=30)).outcome is Outcome.FRESH
-    original = _lose_database(connection)
+    original = lose_database(connection)
     back = threading.Timer(0.3, connection.settings_dict.update, [original])
     back.start()
     try:
@@ -196,7 +185,7 @@ def test_lease_mode_a_result_is_stored_when_the_database_is_back_before_the_leas
 def test_lease_mode_storing_a_result_gives_up_when_the_lease_ends() -> None:
     attempt = Attempt(atomic=False, on_conflict="reject")
     assert attempt.begin(_claim_request(lease=0.3)).outcome is Outcome.FRESH
-    original = _lose_database(connection)
+    original = lose_database(connection)
     try:
         with pytest.raises(StoreUnavailable):
             attempt.complete(StoredResponse(201, [], b"lost"))

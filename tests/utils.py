@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: the view shapes under test and a JSON POST shortcut."""
+"""Helpers shared by the tests: view shapes, a JSON POST shortcut, lost databases and caches."""
 
 from __future__ import annotations
 
@@ -65,3 +65,26 @@ def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:
     assert problem["type"].endswith("#" + slug)
     assert problem["detail"]
     return problem  # type: ignore[no-any-return]
+
+
+def lose_database(connection: Any) -> dict[str, Any]:
+    """Point a connection at a server that is not there; return its settings to restore."""
+    original = dict(connection.settings_dict)
+    connection.close()
+    if connection.vendor == "postgresql":
+        connection.settings_dict.update(HOST="127.0.0.1", PORT="9", OPTIONS={"connect_timeout": 2})
+    else:
+        connection.settings_dict["NAME"] = "/nonexistent-directory/db.sqlite3"
+    return original
+
+
+def redis_caches(location: str) -> dict[str, dict[str, object]]:
+    """CACHES with a django-redis alias "idempotency" at `location`, failing fast."""
+    return {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "idempotency": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": location,
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+        },
+    }
