@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from functools import partial
@@ -18,7 +17,7 @@ from django.db import router
 from django.db.utils import load_backend
 from django.utils.module_loading import import_string
 
-from django_idempotency.conf import MODES, ON_CONFLICT, conf, load_callable
+from django_idempotency.conf import HEADER_NAME, MODES, ON_CONFLICT, conf, load_callable
 from django_idempotency.core.keys import KEY_FORMATS
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores.base import BaseStore
@@ -48,8 +47,6 @@ DISABLED_IN_DEPLOYMENT = "django_idempotency.W003"
 TAG = "django_idempotency"
 
 _UNSET = object()
-# RFC 9110 field-name: a token of visible ASCII letters, digits and these symbols.
-_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 _DEFAULT_STORE = "django_idempotency.stores.database.DatabaseStore"
 
@@ -237,7 +234,7 @@ def _all_of(value: Any, accept: Callable[[Any], bool]) -> bool:
 
 def _header() -> Iterable[CheckMessage]:
     header = _setting("IDEMPOTENCY_HEADER")
-    if header is _UNSET or (isinstance(header, str) and _FIELD_NAME.fullmatch(header)):
+    if header is _UNSET or (isinstance(header, str) and HEADER_NAME.fullmatch(header)):
         return
     yield Error(
         f"IDEMPOTENCY_HEADER = {header!r} is not a valid HTTP header name.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection
 from datetime import timedelta
 from functools import lru_cache
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 Mode = Literal["atomic", "lease"]
 OnConflict = Literal["reject", "wait"]
 MODES: tuple[Mode, ...] = ("atomic", "lease")
+MAX_NAMESPACE_LENGTH = 100  # The record's namespace column.
+# An RFC 9110 field-name: a token of visible ASCII letters, digits and these symbols.
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 ON_CONFLICT: tuple[OnConflict, ...] = ("reject", "wait")
 
 
@@ -37,7 +41,14 @@ def choice(value: str, allowed: tuple[str, ...], name: str) -> str:
     return value
 
 
-def check_options(mode: str | None, on_conflict: str | None, ttl: timedelta | float | None) -> None:
+def check_options(
+    mode: str | None,
+    on_conflict: str | None,
+    ttl: timedelta | float | None,
+    *,
+    namespace: str | None = None,
+    header: str | None = None,
+) -> None:
     """Validate a decorator's options when it is applied, not on the first request or call."""
     if mode is not None:
         choice(mode, MODES, "mode")
@@ -45,6 +56,19 @@ def check_options(mode: str | None, on_conflict: str | None, ttl: timedelta | fl
         choice(on_conflict, ON_CONFLICT, "on_conflict")
     if ttl is not None:
         to_timedelta(ttl, "ttl")
+    if namespace is not None and (
+        not isinstance(namespace, str) or len(namespace) > MAX_NAMESPACE_LENGTH
+    ):
+        raise ImproperlyConfigured(
+            f"namespace must be a string of at most {MAX_NAMESPACE_LENGTH} characters, "
+            f"not {namespace!r}."
+        )
+    if header is not None and (not isinstance(header, str) or not HEADER_NAME.fullmatch(header)):
+        # A name no client can send would make every key silently missing.
+        raise ImproperlyConfigured(
+            f"header {header!r} is not an HTTP header name: use letters, digits and - "
+            "(e.g. Idempotency-Key, webhook-id)."
+        )
 
 
 def load_callable(value: str | Callable[..., Any], name: str) -> Callable[..., Any]:

@@ -13,7 +13,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from django_idempotency.attempts import Attempt
-from django_idempotency.conf import Mode, OnConflict, check_options, conf, to_timedelta
+from django_idempotency.conf import (
+    MAX_NAMESPACE_LENGTH,
+    Mode,
+    OnConflict,
+    check_options,
+    conf,
+    to_timedelta,
+)
 from django_idempotency.core.fingerprint import canonical_json, fingerprint
 from django_idempotency.core.keys import MAX_KEY_LENGTH
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
@@ -24,7 +31,6 @@ from django_idempotency.stores import ClaimRequest
 Func = TypeVar("Func", bound=Callable[..., Any])
 # Picks a value from the call's arguments: a parameter's name, or a callable taking them all.
 ArgumentPicker = str | Callable[..., Any]
-MAX_NAMESPACE_LENGTH = 100
 
 
 @dataclass(frozen=True)

@@ -264,6 +264,17 @@ def test_options_with_a_ttl_that_is_not_a_duration_fail_at_construction(ttl: Any
         Options(ttl=ttl)
 
 
+@pytest.mark.parametrize("header", ["Idempotency Key", "Idempotency-Key:", "", "clé"])
+def test_options_with_a_header_no_client_can_send_fail_at_construction(header: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match="is not an HTTP header name"):
+        Options(header=header)
+
+
+def test_options_with_a_namespace_longer_than_its_column_fail_at_construction() -> None:
+    with pytest.raises(ImproperlyConfigured, match="namespace must be a string of at most 100"):
+        Options(namespace="n" * 101)
+
+
 def test_valid_options_construct() -> None:
     options = Options(mode="lease", on_conflict="wait", ttl=60, namespace="refunds")
 

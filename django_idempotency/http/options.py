@@ -32,7 +32,9 @@ class Options:
     verify: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
-        check_options(self.mode, self.on_conflict, self.ttl)
+        check_options(
+            self.mode, self.on_conflict, self.ttl, namespace=self.namespace, header=self.header
+        )
 
 
 @dataclass(frozen=True)
