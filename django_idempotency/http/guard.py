@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -56,7 +55,6 @@ class Guard:
         self.finalize = finalize
         self.force_lease = force_lease
         self.attempt: Attempt | None = None
-        self._exit = contextlib.ExitStack()
 
     def __enter__(self) -> Guard:
         return self
@@ -67,7 +65,8 @@ class Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._exit.__exit__(exc_type, exc, tb)
+        if self.attempt is not None:  # Claimed: commit, or release and roll back on an error.
+            self.attempt.__exit__(exc_type, exc, tb)
 
     def prepare(self) -> HttpResponseBase | None:
         """A response to send instead of running the view, or None once the key is claimed."""
@@ -107,11 +106,9 @@ class Guard:
     def _claim(
         self, settings: Resolved, scope: Scope, request_fingerprint: str, path: str
     ) -> HttpResponseBase | None:
-        attempt = self.attempt = self._exit.enter_context(
-            Attempt(
-                atomic=settings.mode == "atomic" and not self.force_lease,
-                on_conflict=settings.on_conflict,
-            )
+        attempt = self.attempt = Attempt(
+            atomic=settings.mode == "atomic" and not self.force_lease,
+            on_conflict=settings.on_conflict,
         )
         claim_request = ClaimRequest(
             scope=scope,
@@ -191,6 +188,17 @@ def _unavailable() -> HttpResponse:
     )
 
 
+def _store_lost(guard: Guard) -> bool:
+    """The view raised and its key could not even be released: the store's database is gone,
+    most likely why the view failed (in lease mode its queries run outside the guard's
+    transaction). Such a failure is answered as for a lost store; the claim ends with its lease.
+    """
+    if guard.attempt is None or not guard.attempt.store_lost:
+        return False
+    logger.error("The view failed while the idempotency store was unreachable", exc_info=True)
+    return True
+
+
 def run(
     call: Callable[[], HttpResponseBase],
     request: Any,
@@ -212,12 +220,8 @@ def run(
         # Atomic mode: the commit (or the view's own queries) lost the database; nothing was kept.
         return _unavailable()
     except Exception:
-        # The view raised and its key could not even be released: the store's database is gone,
-        # most likely why the view failed (in lease mode its queries run outside the guard's
-        # transaction). Answer as for a lost store; the claim ends with its lease.
-        if guard.attempt is None or not guard.attempt.store_lost:
+        if not _store_lost(guard):
             raise
-        logger.error("The view failed while the idempotency store was unreachable", exc_info=True)
         return _unavailable()
 
 
@@ -238,9 +242,7 @@ async def run_async(
         response = await call()
     except BaseException as exc:
         await sync_to_async(guard.abort)()
-        if not isinstance(exc, Exception) or guard.attempt is None or not guard.attempt.store_lost:
+        if not isinstance(exc, Exception) or not _store_lost(guard):
             raise
-        # As in `run`: the store's database is gone, which is most likely why the view failed.
-        logger.error("The view failed while the idempotency store was unreachable", exc_info=True)
         return _unavailable()
     return await sync_to_async(guard.finish)(response)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -93,23 +94,19 @@ def cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
         yield django_cursor
 
 
-_PREPARED: list[type] = []
-
-
+@functools.cache
 def _prepared_cursor_class() -> type | None:
-    if not _PREPARED:
-        try:
-            from django.db.backends.postgresql import base
-        except ImportError:  # No PostgreSQL driver at all.
-            return None
-        server_binding: Any = getattr(base, "ServerBindingCursor", None)
-        if server_binding is None:  # psycopg2: client-side binding only, nothing to prepare.
-            return None
+    try:
+        from django.db.backends.postgresql import base
+    except ImportError:  # No PostgreSQL driver at all.
+        return None
+    server_binding: Any = getattr(base, "ServerBindingCursor", None)
+    if server_binding is None:  # psycopg2: client-side binding only, nothing to prepare.
+        return None
 
-        class PreparedCursor(server_binding):  # type: ignore[misc]
-            def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-                kwargs["prepare"] = True
-                return super().execute(query, params, **kwargs)
+    class PreparedCursor(server_binding):  # type: ignore[misc]
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            kwargs["prepare"] = True
+            return super().execute(query, params, **kwargs)
 
-        _PREPARED.append(PreparedCursor)
-    return _PREPARED[0]
+    return PreparedCursor
