@@ -16,8 +16,12 @@ class IdempotencyConfig(AppConfig):
     def ready(self) -> None:
         # Registered here, not at import, so importing the package has no side effects.
         from django.core import checks
+        from django.core.signals import setting_changed
 
         from django_idempotency import checks as idempotency_checks
+        from django_idempotency.conf import reload_on_change
+
+        setting_changed.connect(reload_on_change, dispatch_uid="django_idempotency.conf")
 
         checks.register(idempotency_checks.check_settings, idempotency_checks.TAG)
         checks.register(idempotency_checks.check_deployment, idempotency_checks.TAG, deploy=True)

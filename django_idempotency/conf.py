@@ -1,11 +1,11 @@
-"""Typed, lazy access to the IDEMPOTENCY_* settings, so `override_settings` always applies."""
+"""Typed access to the IDEMPOTENCY_* settings: read once, read again when a setting changes."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection
 from datetime import timedelta
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from django.conf import settings as django_settings
@@ -84,114 +84,124 @@ def load_callable(value: str | Callable[..., Any], name: str) -> Callable[..., A
 
 @lru_cache(maxsize=64)
 def _imported(dotted_path: str) -> Callable[..., Any]:
-    """Import once per path: settings are still read on every use, imports are not redone."""
+    """Import once per path, so changing a setting back does not import it again."""
     return cast("Callable[..., Any]", import_string(dotted_path))
 
 
 class Settings:
-    """Every setting with its default; read on each access, never cached."""
+    """Every setting with its default, validated on first use and then kept.
+
+    A request reads a dozen settings; looking each up in Django's settings and validating it
+    again every time was a measurable share of a replay. `reload` (connected to Django's
+    `setting_changed`, which `override_settings` and pytest-django's `settings` send) forgets
+    them.
+    """
 
     def _get(self, name: str, default: Any) -> Any:
         return getattr(django_settings, name, default)
 
-    @property
+    def reload(self) -> None:
+        """Forget every value read so far."""
+        self.__dict__.clear()
+
+    @cached_property
     def ENABLED(self) -> bool:
         return bool(self._get("IDEMPOTENCY_ENABLED", True))
 
-    @property
+    @cached_property
     def HEADER(self) -> str:
         return str(self._get("IDEMPOTENCY_HEADER", "Idempotency-Key"))
 
-    @property
+    @cached_property
     def METHODS(self) -> tuple[str, ...]:
         value = self._get("IDEMPOTENCY_METHODS", ("POST", "PATCH"))
         return tuple(m.upper() for m in ([value] if isinstance(value, str) else value))
 
-    @property
+    @cached_property
     def REQUIRED(self) -> bool:
         return bool(self._get("IDEMPOTENCY_REQUIRED", False))
 
-    @property
+    @cached_property
     def TTL(self) -> timedelta:
         return to_timedelta(self._get("IDEMPOTENCY_TTL", timedelta(hours=24)), "IDEMPOTENCY_TTL")
 
-    @property
+    @cached_property
     def MODE(self) -> Mode:
         return cast(
             Mode, choice(self._get("IDEMPOTENCY_MODE", "atomic"), MODES, "IDEMPOTENCY_MODE")
         )
 
-    @property
+    @cached_property
     def ON_CONFLICT(self) -> OnConflict:
         value = self._get("IDEMPOTENCY_ON_CONFLICT", "reject")
         return cast(OnConflict, choice(value, ON_CONFLICT, "IDEMPOTENCY_ON_CONFLICT"))
 
-    @property
+    @cached_property
     def LEASE(self) -> timedelta:
         return to_timedelta(self._get("IDEMPOTENCY_LEASE", 60), "IDEMPOTENCY_LEASE")
 
-    @property
+    @cached_property
     def WAIT_TIMEOUT(self) -> timedelta:
         return to_timedelta(self._get("IDEMPOTENCY_WAIT_TIMEOUT", 10), "IDEMPOTENCY_WAIT_TIMEOUT")
 
-    @property
+    @cached_property
     def NAMESPACE(self) -> str:
         return str(self._get("IDEMPOTENCY_NAMESPACE", "default"))
 
-    @property
+    @cached_property
     def KEY_FORMAT(self) -> KeyFormat | None:
         value = self._get("IDEMPOTENCY_KEY_FORMAT", None)
         if value is None:
             return None
         return cast(KeyFormat, choice(value, KEY_FORMATS, "IDEMPOTENCY_KEY_FORMAT"))
 
-    @property
+    @cached_property
     def OWNER_RESOLVER(self) -> Callable[[HttpRequest], str]:
         value = self._get(
             "IDEMPOTENCY_OWNER_RESOLVER", "django_idempotency.http.owners.authenticated_user"
         )
         return load_callable(value, "IDEMPOTENCY_OWNER_RESOLVER")
 
-    @property
+    @cached_property
     def FINGERPRINT(self) -> Callable[[HttpRequest], str]:
         value = self._get(
             "IDEMPOTENCY_FINGERPRINT", "django_idempotency.http.requests.request_fingerprint"
         )
         return load_callable(value, "IDEMPOTENCY_FINGERPRINT")
 
-    @property
+    @cached_property
     def FINGERPRINT_IGNORE_FIELDS(self) -> Collection[str]:
         return frozenset(self._get("IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS", ()))
 
-    @property
+    @cached_property
     def STORED_CLIENT_ERRORS(self) -> Collection[int]:
         return frozenset(self._get("IDEMPOTENCY_STORED_CLIENT_ERRORS", (402,)))
 
-    @property
+    @cached_property
     def STORE_SERVER_ERRORS(self) -> bool:
         return bool(self._get("IDEMPOTENCY_STORE_SERVER_ERRORS", False))
 
-    @property
+    @cached_property
     def STORE(self) -> str:
         return str(
             self._get("IDEMPOTENCY_STORE", "django_idempotency.stores.database.DatabaseStore")
         )
 
-    @property
+    @cached_property
     def CACHE(self) -> str | None:
         value = self._get("IDEMPOTENCY_CACHE", None)
         return str(value) if value else None  # "" (e.g. from an empty env var) means none.
 
-    @property
+    @cached_property
     def DATABASE(self) -> str | None:
         value = self._get("IDEMPOTENCY_DATABASE", None)
         return None if value is None else str(value)
 
-    @property
+    @cached_property
     def METRICS(self) -> bool:
         return bool(self._get("IDEMPOTENCY_METRICS", True))
 
-    @property
+    @cached_property
     def PROBLEM_BASE_URL(self) -> str:
         return str(
             self._get(
@@ -202,3 +212,9 @@ class Settings:
 
 
 conf = Settings()
+
+
+def reload_on_change(*, setting: str, **kwargs: Any) -> None:
+    """`setting_changed` receiver: an IDEMPOTENCY_* setting changed, read them all again."""
+    if setting.startswith("IDEMPOTENCY_"):
+        conf.reload()

@@ -73,32 +73,37 @@ def idempotent(
                 "@api_view: place it below @api_view, or on the handler method, so it runs "
                 "after authentication, permission and throttle checks."
             )
-        wrapper: Callable[..., Any]
-        if inspect.iscoroutinefunction(func):
-
-            async def wrapper(*args: Any, **kwargs: Any) -> HttpResponseBase:
-                view_instance, request = _view_and_request(args)
-                return await guard.run_async(
-                    lambda: func(*args, **kwargs), request, options, view_instance
-                )
-
-        else:
-
-            def wrapper(*args: Any, **kwargs: Any) -> HttpResponseBase:
-                view_instance, request = _view_and_request(args)
-                return guard.run(
-                    lambda: func(*args, **kwargs),
-                    request,
-                    options,
-                    view_instance,
-                    _drf_finalizer(view_instance, request, args, kwargs),
-                )
-
+        wrapper = guarded(func, options)
         functools.update_wrapper(wrapper, func)
-        wrapper.idempotency_options = options  # type: ignore[union-attr]
+        wrapper.idempotency_options = options  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate(view) if view is not None else decorate
+
+
+def guarded(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
+    """`func` run through the guard with these options: the decorator's work, minus checks."""
+    if inspect.iscoroutinefunction(func):
+
+        async def run_async(*args: Any, **kwargs: Any) -> HttpResponseBase:
+            view_instance, request = _view_and_request(args)
+            return await guard.run_async(
+                lambda: func(*args, **kwargs), request, options, view_instance
+            )
+
+        return run_async
+
+    def run(*args: Any, **kwargs: Any) -> HttpResponseBase:
+        view_instance, request = _view_and_request(args)
+        return guard.run(
+            lambda: func(*args, **kwargs),
+            request,
+            options,
+            view_instance,
+            _drf_finalizer(view_instance, request, args, kwargs),
+        )
+
+    return run
 
 
 def _view_and_request(args: tuple[Any, ...]) -> tuple[Any, Any]:

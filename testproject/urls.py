@@ -14,6 +14,8 @@ router.register("payments", views.PaymentViewSet, basename="payment")
 # Variants the benchmark compares (benchmarks/README.md).
 router.register("bench/plain", views.PlainPaymentViewSet, basename="bench-plain")
 router.register("bench/lease", views.LeasedPaymentViewSet, basename="bench-lease")
+router.register("bench/floor", views.FloorViewSet, basename="bench-floor")
+router.register("bench/recorded", views.RecordedPaymentViewSet, basename="bench-recorded")
 # A slow payment, a staff-only one (tests/reliability serves the demo to test retries under fire).
 router.register("provider/payments", views.ProviderPaymentViewSet, basename="provider-payment")
 router.register("provider/lease", views.LeasedProviderPaymentViewSet, basename="provider-lease")

@@ -32,7 +32,9 @@ def no_idempotency_settings() -> Iterator[None]:
     with override_settings():
         for name in [name for name in dir(settings) if name.startswith("IDEMPOTENCY_")]:
             delattr(settings, name)
+        conf.reload()  # Deleting a setting sends no setting_changed.
         yield
+    conf.reload()
 
 
 @pytest.mark.usefixtures("no_idempotency_settings")
@@ -127,6 +129,16 @@ def test_nested_overrides_are_each_seen() -> None:
         seen.append(conf.TTL)
 
     assert seen == [timedelta(minutes=1), timedelta(minutes=2), timedelta(minutes=1)]
+
+
+def test_settings_are_read_once_until_a_setting_changes() -> None:
+    """Requests do not pay for settings look-ups: a value is kept until setting_changed."""
+    with override_settings(IDEMPOTENCY_NAMESPACE="first"):
+        assert conf.NAMESPACE == "first"
+        settings.IDEMPOTENCY_NAMESPACE = "second"  # Changed behind Django's back: no signal.
+        assert conf.NAMESPACE == "first"
+        with override_settings(IDEMPOTENCY_HEADER="X-Other"):  # Any IDEMPOTENCY_* change.
+            assert conf.NAMESPACE == "second"
 
 
 # Durations

@@ -80,7 +80,9 @@ class DatabaseStore(BaseStore):
         connection = self.connection
         scope = request.scope
         try:
-            row = self._fetch_one(self._sql["lookup"], [scope.namespace, scope.owner, scope.key])
+            row = _fetch_one(
+                connection, self._sql["lookup"], [scope.namespace, scope.owner, scope.key]
+            )
         except _UNREACHABLE as exc:
             if _is_sqlite_busy(connection, exc):
                 return None  # `begin` decides, answering 409 if SQLite stays busy.
@@ -142,19 +144,15 @@ class DatabaseStore(BaseStore):
     ) -> RecordRow | None:
         """One statement: insert the claim, or return the record already holding the key."""
         sql, params = self._claim_statement(connection, request, token)
-        row = self._fetch_one(sql, params)
+        row = _fetch_one(connection, sql, params)
         if row is None:
             # Committed between our snapshot and our insert (or, on SQLite, not inserted):
             # a fresh statement sees it.
             scope = request.scope
-            row = self._fetch_one(self._sql["lookup"], [scope.namespace, scope.owner, scope.key])
+            row = _fetch_one(
+                connection, self._sql["lookup"], [scope.namespace, scope.owner, scope.key]
+            )
         return row
-
-    def _fetch_one(self, sql: str, params: list[Any]) -> RecordRow | None:
-        with statements.cursor(self.connection) as cursor:
-            cursor.execute(sql, params)
-            values = cursor.fetchone()
-        return None if values is None else statements.to_row(values)
 
     def _take_over(
         self, row: RecordRow, request: ClaimRequest, token: str
@@ -373,6 +371,13 @@ def _reachable(connection: BaseDatabaseWrapper | None = None) -> Iterator[None]:
             with contextlib.suppress(DatabaseError):
                 connection.close()
         raise StoreUnavailable(str(exc)) from exc
+
+
+def _fetch_one(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> RecordRow | None:
+    with statements.cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        values = cursor.fetchone()
+    return None if values is None else statements.to_row(values)
 
 
 def _is_sqlite_busy(connection: BaseDatabaseWrapper, exc: Exception) -> bool:

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
+from datetime import timedelta
 from typing import Any
 
 from django import forms
 from django.conf import settings
 from django.contrib import messages
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from rest_framework import mixins, permissions, serializers, viewsets
 
 from django_idempotency import idempotent
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
+from django_idempotency.models import IdempotencyRecord
 from django_idempotency.webhooks import StandardWebhooks
 from testproject.payments.models import Payment, Refund
 
@@ -48,6 +53,47 @@ class PlainPaymentViewSet(mixins.CreateModelMixin, viewsets.GenericViewSet):
 
     queryset = Payment.objects.all()
     serializer_class = PaymentSerializer
+
+
+class FloorViewSet(viewsets.GenericViewSet):
+    """The benchmark's replay yardstick: the same view stack (middleware, authentication,
+    permissions, throttles, negotiation) answering at once with stored bytes, as a replay does,
+    but with no lookup at all. No replay that runs after those checks can be faster."""
+
+    def create(self, request: Any) -> HttpResponse:
+        return HttpResponse(FLOOR_BODY, status=201, content_type="application/json")
+
+
+FLOOR_BODY = b'{"id":1,"amount":100,"currency":"EUR","description":"benchmark","created_at":null}'
+
+
+class RecordedPaymentViewSet(PlainPaymentViewSet):
+    """The benchmark's fresh-key yardstick: the plain create, plus one record row written in
+    the same transaction by a single INSERT. A guard that keeps its promise (the record commits
+    with the payment) writes at least that, so no fresh idempotent request can be faster."""
+
+    def perform_create(self, serializer: serializers.BaseSerializer[Payment]) -> None:
+        with transaction.atomic():
+            serializer.save()
+            now = timezone.now()
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {IdempotencyRecord._meta.db_table} (namespace, owner, key, "
+                    "fingerprint, status, method, path, response_status, response_headers, "
+                    "response_body, lease_token, created_at, completed_at, expires_at) "
+                    "VALUES (%s, '', %s, %s, 'completed', 'POST', %s, 201, '[]', %s, '', "
+                    "%s, %s, %s)",
+                    [
+                        "bench-record",
+                        uuid.uuid4().hex,
+                        "0" * 64,
+                        self.request.path,
+                        json.dumps(serializer.data).encode(),
+                        now,
+                        now,
+                        now + timedelta(days=1),
+                    ],
+                )
 
 
 class LeasedPaymentViewSet(PaymentViewSet):

@@ -7,7 +7,11 @@ from datetime import timedelta
 from typing import Any
 
 from django_idempotency.conf import Mode, OnConflict, conf
-from django_idempotency.decorators import idempotent
+from django_idempotency.decorators import guarded
+from django_idempotency.http.options import Options
+
+# The mixin's handlers take every option from the view's attributes and the settings.
+_INHERITED = Options()
 
 
 class IdempotencyMixin:
@@ -40,4 +44,4 @@ class IdempotencyMixin:
             return  # Unmapped (DRF answers 405) or guarded by its own decorator.
         if request.method in self.get_idempotent_methods():
             # Shadow the handler on this instance only; dispatch() looks it up right after.
-            setattr(self, name, idempotent(handler))
+            setattr(self, name, guarded(handler, _INHERITED))
