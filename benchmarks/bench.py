@@ -34,12 +34,22 @@ class Variant:
     prefix: str = ""
 
 
+PLAIN = Variant("plain create (no idempotency)", "db", "/api/bench/plain/", "none")
+CACHED_REPLAY = Variant("replay from the cache tier", "cache", "/api/payments/", "pool", "replay")
 VARIANTS = [
-    Variant("plain create (no idempotency)", "db", "/api/bench/plain/", "none"),
+    PLAIN,
+    # Yardsticks: the cheapest a correct guard could possibly be (testproject/payments/views.py).
+    Variant(
+        "yardstick: plain create + its record in one transaction",
+        "db",
+        "/api/bench/recorded/",
+        "none",
+    ),
+    Variant("yardstick: the view stack answering at once", "db", "/api/bench/floor/", "none"),
     Variant("idempotent, fresh keys, atomic", "db", "/api/payments/", "unique"),
     Variant("idempotent, fresh keys, lease", "db", "/api/bench/lease/", "unique"),
     Variant("replay from the database", "db", "/api/payments/", "pool", "replay"),
-    Variant("replay from the cache tier", "cache", "/api/payments/", "pool", "replay"),
+    CACHED_REPLAY,
     Variant("409 conflict (key in progress)", "db", "/api/bench/lease/", "fixed", "busy"),
 ]
 
@@ -52,14 +62,58 @@ class Sample:
     p99: float
     non_2xx: int
     socket_errors: int
+    cpu_ms: float = 0.0  # CPU of every process involved (servers, load generator), per request
 
 
-def wrk(url: str, variant: Variant, prefix: str, seconds: int, connections: int) -> Sample:
+def cpu_seconds(root_pids: list[int]) -> float:
+    """User + system CPU of these processes and their children, reaped ones included."""
+    ticks = 0
+    pids = set(root_pids)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(_stat(int(entry))[1])
+            except OSError:
+                continue
+            if ppid in root_pids:
+                pids.add(int(entry))
+    for pid in pids:
+        try:
+            fields = _stat(pid)
+        except OSError:
+            continue
+        ticks += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: fields 3 onwards (state, ppid, ...)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
+def server_pids() -> list[int]:
+    """PostgreSQL's postmaster and the Redis server started by benchmarks/run."""
+    services = Path(os.environ["SERVICES_DIR"])
+    pids = []
+    for pid_file in (services / "postgres" / "postmaster.pid", services / "redis" / "redis.pid"):
+        pids.append(int(pid_file.read_text().split()[0]))
+    return pids
+
+
+def wrk(
+    url: str, variant: Variant, prefix: str, seconds: int, connections: int, pids: list[int]
+) -> Sample:
     command = [
         "wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
         "-s", str(WRK_SCRIPT), url + variant.path, "--", variant.mode, prefix, str(POOL),
     ]  # fmt: skip
+    cpu_before, children_before = cpu_seconds(pids), os.times()
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    children = os.times()
+    cpu = cpu_seconds(pids) - cpu_before
+    cpu += children.children_user + children.children_system  # wrk itself
+    cpu -= children_before.children_user + children_before.children_system
     result = json.loads(output.split("RESULT ", 1)[1])
     return Sample(
         rps=result["requests"] / (result["duration_us"] / 1e6),
@@ -68,11 +122,12 @@ def wrk(url: str, variant: Variant, prefix: str, seconds: int, connections: int)
         p99=result["p99_us"] / 1000,
         non_2xx=result["non_2xx"],
         socket_errors=result["socket_errors"],
+        cpu_ms=cpu * 1000 / max(result["requests"], 1),
     )
 
 
 @contextmanager
-def gunicorn(port: int, extra_env: dict[str, str]) -> Iterator[str]:
+def gunicorn(port: int, extra_env: dict[str, str]) -> Iterator[tuple[str, int]]:
     env = {**os.environ, "DJANGO_DEBUG": "0", "CONN_MAX_AGE": "60", **extra_env}
     process = subprocess.Popen(
         [
@@ -102,7 +157,7 @@ def gunicorn(port: int, extra_env: dict[str, str]) -> Iterator[str]:
                 break
             except OSError:
                 time.sleep(0.1)
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -161,29 +216,27 @@ def statements_per_request(busy_key: str) -> dict[str, str]:
     # Persistent connection and a warm-up request: count the requests' statements, not the
     # connection set-up (SET TIME ZONE) a fresh connection runs once.
     connection.settings_dict["CONN_MAX_AGE"] = None
-    count("/api/bench/plain/", None)
-    key = f"count-{uuid.uuid4()}"
-    counts = {
-        VARIANTS[0].name: count("/api/bench/plain/", None),
-        VARIANTS[1].name: count("/api/payments/", key),
-        VARIANTS[2].name: count("/api/bench/lease/", key),
-        VARIANTS[3].name: count("/api/payments/", key),
-    }
+    count(PLAIN.path, None)
+    completed = f"count-{uuid.uuid4()}"  # The key the replay variants replay.
+    count("/api/payments/", completed)
     cached = {"IDEMPOTENCY_CACHE": "idempotency"}
-    count("/api/payments/", key, **cached)  # Fills the cache from the database.
-    counts[VARIANTS[4].name] = count("/api/payments/", key, **cached)
-    counts[VARIANTS[5].name] = count("/api/bench/lease/", busy_key)
+    count("/api/payments/", completed, **cached)  # Fills the cache from the database.
+    counts = {}
+    for variant in VARIANTS:
+        key = {"unique": f"count-{uuid.uuid4()}", "pool": completed, "fixed": busy_key}
+        settings = cached if variant.server == "cache" else {}
+        counts[variant.name] = count(variant.path, key.get(variant.mode), **settings)
     caches["idempotency"].clear()
     return counts
 
 
-def redis_outage(url: str, prefix: str, seconds: int, connections: int) -> Sample:
+def redis_outage(url: str, prefix: str, seconds: int, connections: int, pids: list[int]) -> Sample:
     """Replays from the cache tier while Redis is stopped halfway through."""
     port = os.environ["REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
     stopper = subprocess.Popen(
         ["sh", "-c", f"sleep {seconds / 2}; redis-cli -p {port} shutdown nosave"]
     )
-    sample = wrk(url, VARIANTS[4], prefix, seconds, connections)
+    sample = wrk(url, CACHED_REPLAY, prefix, seconds, connections, pids)
     stopper.wait()
     subprocess.run(
         ["redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--daemonize", "yes"],
@@ -284,34 +337,54 @@ def main() -> None:
 
     results: dict[str, list[Sample]] = {variant.name: [] for variant in VARIANTS}
     with (
-        gunicorn(8101, {"IDEMPOTENCY_CACHE": ""}) as db_url,
-        gunicorn(8102, {"IDEMPOTENCY_CACHE": "idempotency"}) as cache_url,
+        gunicorn(8101, {"IDEMPOTENCY_CACHE": ""}) as (db_url, db_pid),
+        gunicorn(8102, {"IDEMPOTENCY_CACHE": "idempotency"}) as (cache_url, cache_pid),
     ):
         urls = {"db": db_url, "cache": cache_url}
+        # The CPU counted for a variant: its gunicorn, PostgreSQL, Redis and wrk.
+        pids = {"db": [db_pid, *server_pids()], "cache": [cache_pid, *server_pids()]}
         seed(db_url, f"replay-{run_id}")
         for round_number in range(args.rounds):
             for variant in VARIANTS:  # Interleaved: every round measures every variant.
                 prefix = f"{variant.prefix or 'fresh'}-{run_id}"
                 if variant.mode == "unique":
                     prefix += f"-{round_number}"
-                sample = wrk(urls[variant.server], variant, prefix, args.seconds, args.connections)
+                sample = wrk(
+                    urls[variant.server],
+                    variant,
+                    prefix,
+                    args.seconds,
+                    args.connections,
+                    pids[variant.server],
+                )
                 results[variant.name].append(sample)
                 print(f"round {round_number + 1}, {variant.name}: {sample.rps:.0f} req/s")
-        outage = redis_outage(cache_url, f"replay-{run_id}", args.seconds, args.connections)
+        outage = redis_outage(
+            cache_url, f"replay-{run_id}", args.seconds, args.connections, pids["cache"]
+        )
 
     statements = statements_per_request(busy_key)
-    plain = results[VARIANTS[0].name]
-    print("\n| variant | req/s | p50 ms | p95 ms | p99 ms | vs plain | SQL (+ BEGIN/COMMIT) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    plain = results[PLAIN.name]
+    # "CPU vs plain" is the throughput ratio the variant would reach with every process busy:
+    # the plain endpoint's CPU per request over the variant's, which drifts less between rounds
+    # than req/s does on a shared machine.
+    print(
+        "\n| variant | req/s | p50 ms | p95 ms | p99 ms | vs plain | CPU ms/req | CPU vs plain "
+        "| SQL (+ BEGIN/COMMIT) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for variant in VARIANTS:
         samples = results[variant.name]
         ratios = [s.rps / p.rps for s, p in zip(samples, plain, strict=True)]
+        cpu_ratios = [p.cpu_ms / s.cpu_ms for s, p in zip(samples, plain, strict=True)]
         print(
             f"| {variant.name} | {statistics.median(s.rps for s in samples):.0f} "
             f"| {statistics.median(s.p50 for s in samples):.1f} "
             f"| {statistics.median(s.p95 for s in samples):.1f} "
             f"| {statistics.median(s.p99 for s in samples):.1f} "
-            f"| {statistics.median(ratios):.2f} | {statements[variant.name]} |"
+            f"| {statistics.median(ratios):.2f} "
+            f"| {statistics.median(s.cpu_ms for s in samples):.2f} "
+            f"| {statistics.median(cpu_ratios):.2f} | {statements[variant.name]} |"
         )
     errors = sum(s.socket_errors for samples in results.values() for s in samples)
     print(f"\nSocket errors over all runs: {errors}", flush=True)

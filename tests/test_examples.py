@@ -127,3 +127,20 @@ def test_the_provider_webhook_refunds_once_and_rejects_forgeries(client: Client)
     assert (first.status_code, again.status_code, forged.status_code) == (200, 200, 400)
     assert again["Idempotent-Replayed"] == "true"
     assert list(Refund.objects.values_list("amount", flat=True)) == [300]
+
+
+@override_settings(ROOT_URLCONF="testproject.urls")
+def test_the_benchmark_yardsticks_answer_as_the_benchmark_assumes(client: Client) -> None:
+    """The floor answers at once; the recorded create writes its payment and one record."""
+    from django_idempotency.models import IdempotencyRecord
+
+    body = {"amount": 100, "currency": "EUR", "description": "benchmark"}
+    floor = client.post("/api/bench/floor/", body, content_type="application/json")
+    recorded = client.post("/api/bench/recorded/", body, content_type="application/json")
+
+    assert floor.status_code == 201
+    assert floor.json()["amount"] == 100
+    assert recorded.status_code == 201
+    record = IdempotencyRecord.objects.get(namespace="bench-record")
+    assert json.loads(bytes(record.response_body)) == recorded.json()
+    assert Payment.objects.filter(pk=recorded.json()["id"]).exists()
