@@ -11,6 +11,7 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
+from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 
@@ -79,7 +80,8 @@ class Guard:
                 settings.verify(self.request)
             except DeliveryRejected as exc:
                 return problems.problem_response(problems.DELIVERY_REJECTED, str(exc))
-        raw_key = http_request.headers.get(settings.header)
+        # From META: building `request.headers` would parse every header to read this one.
+        raw_key = http_request.META.get(HttpHeaders.to_wsgi_name(settings.header))
         if raw_key is None:
             if settings.required:
                 return problems.problem_response(

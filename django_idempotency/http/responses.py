@@ -40,10 +40,10 @@ def capture(response: HttpResponseBase) -> StoredResponse | None:
 
 
 def replay(stored: StoredResponse) -> HttpResponse:
-    response = HttpResponse(stored.body, status=stored.status)
-    del response["Content-Type"]  # Restored from the stored headers, if the view set one.
-    for name, value in stored.headers:
-        response[name] = value
-    response["Content-Length"] = str(len(stored.body))
-    response[REPLAYED_HEADER] = "true"
+    headers = dict(stored.headers)
+    headers["Content-Length"] = str(len(stored.body))
+    headers[REPLAYED_HEADER] = "true"
+    response = HttpResponse(stored.body, status=stored.status, headers=headers)
+    if not any(name.lower() == "content-type" for name in headers):
+        del response["Content-Type"]  # The view sent none: do not add Django's default.
     return response
