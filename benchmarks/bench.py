@@ -68,21 +68,15 @@ class Sample:
 def cpu_seconds(root_pids: list[int]) -> float:
     """User + system CPU of these processes and their children, reaped ones included."""
     ticks = 0
-    pids = set(root_pids)
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(_stat(int(entry))[1])
-            except OSError:
-                continue
-            if ppid in root_pids:
-                pids.add(int(entry))
-    for pid in pids:
-        try:
-            fields = _stat(pid)
-        except OSError:
+        if not entry.isdigit():
             continue
-        ticks += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+        try:
+            fields = _stat(int(entry))
+        except OSError:  # Gone meanwhile.
+            continue
+        if int(entry) in root_pids or int(fields[1]) in root_pids:
+            ticks += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -342,7 +336,8 @@ def main() -> None:
     ):
         urls = {"db": db_url, "cache": cache_url}
         # The CPU counted for a variant: its gunicorn, PostgreSQL, Redis and wrk.
-        pids = {"db": [db_pid, *server_pids()], "cache": [cache_pid, *server_pids()]}
+        servers = server_pids()
+        pids = {"db": [db_pid, *servers], "cache": [cache_pid, *servers]}
         seed(db_url, f"replay-{run_id}")
         for round_number in range(args.rounds):
             for variant in VARIANTS:  # Interleaved: every round measures every variant.

@@ -55,6 +55,9 @@ class PlainPaymentViewSet(mixins.CreateModelMixin, viewsets.GenericViewSet):
     serializer_class = PaymentSerializer
 
 
+FLOOR_BODY = b'{"id":1,"amount":100,"currency":"EUR","description":"benchmark","created_at":null}'
+
+
 class FloorViewSet(viewsets.GenericViewSet):
     """The benchmark's replay yardstick: the same view stack (middleware, authentication,
     permissions, throttles, negotiation) answering at once with stored bytes, as a replay does,
@@ -62,9 +65,6 @@ class FloorViewSet(viewsets.GenericViewSet):
 
     def create(self, request: Any) -> HttpResponse:
         return HttpResponse(FLOOR_BODY, status=201, content_type="application/json")
-
-
-FLOOR_BODY = b'{"id":1,"amount":100,"currency":"EUR","description":"benchmark","created_at":null}'
 
 
 class RecordedPaymentViewSet(PlainPaymentViewSet):
