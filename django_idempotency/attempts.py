@@ -16,7 +16,13 @@ from django.utils import timezone
 from django_idempotency import signals
 from django_idempotency.conf import OnConflict, conf
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
-from django_idempotency.stores import BaseStore, ClaimRequest, StoreUnavailable, get_store
+from django_idempotency.stores import (
+    BaseStore,
+    ClaimRequest,
+    StoreBusy,
+    StoreUnavailable,
+    get_store,
+)
 
 logger = logging.getLogger("django_idempotency")
 
@@ -82,9 +88,12 @@ class Attempt:
         deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
         delay = 0.01
         while True:
-            if self.atomic:
-                self.owns_transaction = self._transaction.enter_context(store.atomic())
-            claim = store.begin(request)
+            try:
+                if self.atomic:
+                    self.owns_transaction = self._transaction.enter_context(store.atomic())
+                claim = store.begin(request)
+            except StoreBusy:
+                claim = Claim(Outcome.IN_PROGRESS)
             remaining = deadline - time.monotonic()
             if claim.outcome is not Outcome.IN_PROGRESS or self.on_conflict != "wait":
                 return claim
@@ -130,6 +139,13 @@ class Attempt:
                     )
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            except Exception:
+                # Not a lost store (a value the store refused, say): nothing will change by
+                # the end of the lease, so give the key back rather than leave it stuck.
+                if not self.atomic:
+                    _quietly(self.store.release, claim)
+                    self._announce(signals.released, "released")
+                raise
         if kept:
             self._announce(signals.completed, "completed")
         else:

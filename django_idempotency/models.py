@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency.core.keys import MAX_OWNER_LENGTH
 from django_idempotency.core.outcomes import Status
 
 
@@ -19,7 +22,7 @@ class IdempotencyRecord(models.Model):
     )
     owner = models.CharField(
         _("owner"),
-        max_length=255,
+        max_length=MAX_OWNER_LENGTH,
         blank=True,
         help_text=_("Who sent the key (the user by default); empty for anonymous requests."),
     )
@@ -41,6 +44,14 @@ class IdempotencyRecord(models.Model):
     path = models.TextField(_("path"), blank=True, help_text=_("Path with query string."))
     response_status = models.PositiveSmallIntegerField(
         _("response status"), null=True, blank=True, help_text=_("Stored HTTP status code.")
+    )
+    response_reason = models.CharField(
+        _("response reason"),
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",  # The store's own INSERT statements leave it out.
+        help_text=_("Reason phrase the view chose; empty for the status's standard one."),
     )
     response_headers = models.JSONField(
         _("response headers"), default=list, blank=True, help_text=_("[name, value] pairs.")
@@ -90,3 +101,14 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.namespace}:{self.key}"
+
+
+def reclaimable(now: datetime) -> models.Q:
+    """The records a new request may take over and the purge may delete: the database's form
+    of `core.outcomes.is_abandoned` (expired, or in progress with a lease run out; never a
+    live lease)."""
+    in_progress = IdempotencyRecord.Status.IN_PROGRESS
+    return models.Q(status=in_progress, lease_expires_at__lte=now) | models.Q(
+        models.Q(status=IdempotencyRecord.Status.COMPLETED) | models.Q(lease_expires_at=None),
+        expires_at__lte=now,
+    )

@@ -1,4 +1,4 @@
-"""Shared fixtures; PostgreSQL-only tests are deselected (not skipped) on SQLite runs."""
+"""Shared fixtures; tests of one database only are deselected (not skipped) on the other."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.conf import settings
 
-    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
-        return
-    deselected = [item for item in items if item.get_closest_marker("postgresql")]
+    engine = settings.DATABASES["default"]["ENGINE"]
+    other = "sqlite" if engine.endswith("postgresql") else "postgresql"
+    deselected = [item for item in items if item.get_closest_marker(other)]
     if deselected:
-        items[:] = [item for item in items if not item.get_closest_marker("postgresql")]
+        items[:] = [item for item in items if not item.get_closest_marker(other)]
         config.hook.pytest_deselected(items=deselected)
 
 

@@ -9,7 +9,7 @@ import dj_database_url
 
 SECRET_KEY = "tests-only"
 DEBUG = False
-USE_TZ = True
+USE_TZ = os.environ.get("USE_TZ", "1") != "0"  # USE_TZ=0: the suite without time zones.
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
 STATIC_URL = "/static/"

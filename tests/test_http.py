@@ -54,6 +54,7 @@ def test_same_key_while_first_still_runs_is_409(client: Client, view_kind: ViewK
         namespace=view_kind.namespace,
         key="key-1",
         fingerprint=fingerprint_of(view_kind.url, body),
+        path=view_kind.url,
     )
 
     response = post(client, view_kind.url, body)

@@ -26,5 +26,7 @@ urlpatterns = [
     path("streaming/", views.streaming_view),
     path("webhooks/", views.webhook_view),
     path("unguarded/charges/", views.unguarded_view),
+    path("forms/charges/", views.form_view),
+    path("answers/", views.answer_view),
     *router.urls,
 ]

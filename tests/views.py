@@ -212,3 +212,24 @@ def webhook_view(request: HttpRequest) -> HttpResponse:
 def unguarded_view(request: HttpRequest) -> HttpResponse:
     """Not idempotent on purpose: every POST creates a charge, whatever key it carries."""
     return _django_response(*charge(request))
+
+
+@idempotent
+def form_view(request: HttpRequest) -> HttpResponse:
+    """A plain form endpoint for every unsafe method: it reads the form as Django parsed it
+    (a POST's; other methods' bodies Django leaves unparsed) and never `request.body`."""
+    amount = request.POST.get("amount", "0") if request.method == "POST" else "0"
+    uploads = sum(len(files) for _, files in request.FILES.lists())
+    created = Charge.objects.create(
+        reference=request.headers.get("Idempotency-Key", ""), amount=int(amount or 0)
+    )
+    return JsonResponse({"id": created.pk, "uploads": uploads}, status=201)
+
+
+@idempotent
+def answer_view(request: HttpRequest) -> HttpResponse:
+    """Answers with the status and reason phrase the X-Answer header asks for ("204 Done")."""
+    status, _, reason = request.headers.get("X-Answer", "200").partition(" ")
+    Charge.objects.create(reference=request.headers.get("Idempotency-Key", ""), amount=0)
+    body = b"" if status in ("204", "304") else b"answered"
+    return HttpResponse(body, status=int(status), reason=reason or None)

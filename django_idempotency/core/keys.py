@@ -11,6 +11,7 @@ from typing import Literal
 from ulid import ULID
 
 MAX_KEY_LENGTH = 255
+MAX_OWNER_LENGTH = 255  # The owner column's length.
 
 KeyFormat = Literal["uuid", "ulid", "uuid_or_ulid"]
 KEY_FORMATS: tuple[KeyFormat, ...] = ("uuid", "ulid", "uuid_or_ulid")
@@ -40,6 +41,12 @@ def parse_key(raw: str, key_format: KeyFormat | None = None) -> str:
     else:
         if not value:
             raise InvalidKey("The key is empty: send 1 to 255 visible ASCII characters.")
+        if "," in value:
+            # Servers join repeated headers with commas: two keys, or a list, is not one key.
+            raise InvalidKey(
+                "The request carries more than one key (repeated headers, or a comma in the"
+                " key): send exactly one; quote a key that contains a comma."
+            )
         if not _BARE_TOKEN.fullmatch(value):
             raise InvalidKey(
                 "The key holds control, space or non-ASCII characters: send 1 to 255 visible"

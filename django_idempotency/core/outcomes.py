@@ -30,6 +30,7 @@ class StoredResponse:
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
+    reason: str = ""  # A reason phrase the view chose; empty for the status's standard one.
 
 
 @dataclass(frozen=True)
@@ -54,33 +55,34 @@ class Claim:
     scope: Scope | None = None
     fingerprint: str | None = None
     expires_at: datetime | None = None
+    method: str = ""
+    path: str = ""
 
 
 def is_abandoned(
     *, status: str, expires_at: datetime, lease_expires_at: datetime | None, now: datetime
 ) -> bool:
-    """Expired, or claimed by a request whose lease ran out: free for the next request."""
-    if expires_at <= now:
-        return True
-    return status == Status.IN_PROGRESS and lease_expires_at is not None and lease_expires_at <= now
+    """Free for the next request (and for the purge): expired, or claimed by a request whose
+    lease ran out.
 
-
-def classify(
-    *,
-    status: str,
-    stored_fingerprint: str,
-    fingerprint: str,
-    expires_at: datetime,
-    now: datetime,
-) -> Outcome:
-    """Decide what an existing record means for a new request with the same scope and key.
-
-    Abandoned records (see `is_abandoned`) are taken over by the store itself; one still seen
-    here was taken over by a concurrent request a moment ago, so it counts as in progress.
+    A live lease is never abandoned, even past `expires_at` (a TTL shorter than the lease):
+    its request may still be running, and taking it over would run the work twice.
     """
-    if expires_at <= now:
+    if status == Status.IN_PROGRESS and lease_expires_at is not None:
+        return lease_expires_at <= now
+    return expires_at <= now
+
+
+def classify(*, status: str, expires_at: datetime, now: datetime, same_request: bool) -> Outcome:
+    """Decide what an existing record, not abandoned, means for a new request with its key.
+
+    ``same_request``: the stored fingerprint, method and path all equal the new request's.
+    A completed record seen here past its expiry is being taken over by a concurrent request
+    a moment ago, so it counts as in progress.
+    """
+    if status == Status.COMPLETED and expires_at <= now:
         return Outcome.IN_PROGRESS
-    if stored_fingerprint != fingerprint:
+    if not same_request:
         return Outcome.MISMATCH
     if status == Status.COMPLETED:
         return Outcome.REPLAY

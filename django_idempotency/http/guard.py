@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.db import DatabaseError
 from django.http import HttpResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import HttpHeaders
@@ -17,7 +19,8 @@ from django.utils import timezone
 
 from django_idempotency.attempts import Attempt
 from django_idempotency.conf import conf
-from django_idempotency.core.keys import InvalidKey, parse_key
+from django_idempotency.core.fingerprint import UnreadableBody
+from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
 from django_idempotency.exceptions import DeliveryRejected
@@ -26,6 +29,7 @@ from django_idempotency.http.options import Options, Resolved, resolve
 from django_idempotency.http.requests import SAFE_METHODS, django_request
 from django_idempotency.http.responses import capture, replay
 from django_idempotency.stores import ClaimRequest, StoreUnavailable
+from django_idempotency.stores.connections import on_a_live_connection
 
 logger = logging.getLogger("django_idempotency")
 
@@ -100,9 +104,26 @@ class Guard:
             return problems.problem_response(
                 problems.REQUEST_TOO_LARGE, "The request body exceeds the server's upload limit."
             )
-        except (MultiPartParserError, UnreadablePostError) as exc:
+        except (MultiPartParserError, UnreadablePostError, UnreadableBody) as exc:
             return problems.problem_response(problems.MALFORMED_REQUEST, str(exc))
-        scope = Scope(settings.namespace, conf.OWNER_RESOLVER(self.request), key)
+        except TooManyFieldsSent:
+            return problems.problem_response(
+                problems.MALFORMED_REQUEST,
+                "The request has more form fields than the server accepts: send fewer.",
+            )
+        try:
+            # Loading the session or the user may be the request's first query.
+            owner = on_a_live_connection(lambda: conf.OWNER_RESOLVER(self.request))
+        except DatabaseError as exc:
+            logger.error("The request's owner could not be loaded: %s", exc)
+            return _unavailable()
+        if len(owner) > MAX_OWNER_LENGTH or "\x00" in owner:
+            return problems.problem_response(
+                problems.INVALID_OWNER,
+                f"The request's owner (from IDEMPOTENCY_OWNER_RESOLVER) must be at most "
+                f"{MAX_OWNER_LENGTH} characters without NUL bytes: fix what identifies you.",
+            )
+        scope = Scope(settings.namespace, owner, key)
         return self._claim(settings, scope, request_fingerprint, http_request.get_full_path())
 
     def _claim(
@@ -174,6 +195,12 @@ class Guard:
             if attempt.atomic:  # The transaction holding the view's writes is lost with it.
                 return _unavailable()
             logger.error("The response could not be stored: %s", exc)
+        except Exception:
+            if attempt.atomic:  # The view's writes roll back with the claim: nothing happened.
+                raise
+            # Lease mode: the view's work is done; the client gets its answer, and the key was
+            # given back so that a retry is not held off until the lease ends.
+            logger.exception("The response could not be stored; the key was released")
         return response
 
     def abort(self) -> None:
@@ -233,13 +260,34 @@ async def run_async(
     options: Options,
     view: Any = None,
 ) -> HttpResponseBase:
-    """Guard an async view. A transaction cannot stay open across awaits, so it runs leased."""
+    """Guard an async view. A transaction cannot stay open across awaits, so it runs leased.
+
+    A client that disconnects gets its view task cancelled by the server; the view may already
+    have done its work, so it is shielded: it runs on and stores its response, and the retry
+    gets 409 and then the replay, as it would from a synchronous view.
+    """
     if not conf.ENABLED:
         return await call()
     guard = Guard(request, options, view, force_lease=True)
     early = await sync_to_async(guard.prepare)()
     if early is not None:
         return early
+    task = asyncio.ensure_future(_run_guarded(call, guard))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _detached.add(task)  # Keep a reference until it ends, or it may be collected mid-run.
+        task.add_done_callback(_detached.discard)
+        raise
+
+
+# Guarded views whose caller was cancelled (the client left), still running to completion.
+_detached: set[asyncio.Future[HttpResponseBase]] = set()
+
+
+async def _run_guarded(
+    call: Callable[[], Awaitable[HttpResponseBase]], guard: Guard
+) -> HttpResponseBase:
     try:
         response = await call()
     except BaseException as exc:

@@ -21,6 +21,7 @@ class ProblemKind:
 
 MISSING_KEY = ProblemKind("missing-key", 400, "Idempotency key missing")
 INVALID_KEY = ProblemKind("invalid-key", 400, "Idempotency key invalid")
+INVALID_OWNER = ProblemKind("invalid-owner", 400, "Request owner invalid")
 MALFORMED_REQUEST = ProblemKind("malformed-request", 400, "Request body unreadable")
 REQUEST_TOO_LARGE = ProblemKind("request-too-large", 413, "Request body too large")
 IN_PROGRESS = ProblemKind("request-in-progress", 409, "Request in progress")
@@ -31,6 +32,7 @@ DELIVERY_REJECTED = ProblemKind("delivery-rejected", 400, "Webhook delivery not 
 ALL_KINDS = (
     MISSING_KEY,
     INVALID_KEY,
+    INVALID_OWNER,
     MALFORMED_REQUEST,
     REQUEST_TOO_LARGE,
     IN_PROGRESS,

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import hashlib
+from io import BytesIO
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 
 from django_idempotency.conf import conf
-from django_idempotency.core.fingerprint import canonical_body, canonical_multipart, fingerprint
+from django_idempotency.core.fingerprint import (
+    canonical_body,
+    canonical_form,
+    canonical_json,
+    canonical_multipart,
+    fingerprint,
+    is_json_media_type,
+)
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+_FORM = "application/x-www-form-urlencoded"
+_MULTIPART = "multipart/form-data"
 
 
 def django_request(request: Any) -> HttpRequest:
@@ -26,37 +36,96 @@ def is_request(value: Any) -> bool:
     )
 
 
-def _keep_body_readable(http_request: HttpRequest) -> None:
-    """Cache a small multipart body first, so the view may still read ``request.body``.
+def request_fingerprint(request: Any) -> str:
+    """The default IDEMPOTENCY_FINGERPRINT: method, path with query, canonical body.
 
-    Parsing ``POST``/``FILES`` straight from the stream would use it up; bodies too large to
-    hold in memory are parsed from the stream as Django would.
+    Every guarded method's body counts, in every content type, whether or not middleware (CSRF)
+    or a parser already read the stream.
     """
+    http_request = django_request(request)
+    ignore = conf.FINGERPRINT_IGNORE_FIELDS
+    media_type = http_request.content_type or ""
+    if media_type == _MULTIPART:
+        body = _canonical_multipart(request, http_request)
+    elif media_type == _FORM:
+        body = _canonical_form(request, http_request)
+    else:
+        raw = _readable_body(http_request)
+        if raw is not None:
+            body = canonical_body(media_type, raw, ignore)
+        elif is_json_media_type(media_type) and request is not http_request:
+            body = canonical_json(request.data)  # A DRF parser consumed the stream.
+        else:
+            body = b""
+    return fingerprint(http_request.method or "", http_request.get_full_path(), body)
+
+
+def _readable_body(http_request: HttpRequest) -> bytes | None:
+    """The body, read once and kept for the view; None when the stream was consumed unread."""
+    body: bytes | None = getattr(http_request, "_body", None)
+    if body is not None:
+        return body
+    if _stream_read(http_request):
+        return None
+    return http_request.body
+
+
+def _stream_read(http_request: HttpRequest) -> bool:
+    return bool(getattr(http_request, "_read_started", False))
+
+
+def _canonical_form(request: Any, http_request: HttpRequest) -> bytes:
+    """Form fields as Django parses them, with its limit on their number, for every method."""
+    ignore = conf.FINGERPRINT_IGNORE_FIELDS
+    raw = _readable_body(http_request)
+    if http_request.method == "POST":
+        data = http_request.POST
+    elif raw is None:  # A parser (DRF's) read the stream first: compare what it parsed.
+        data = request.POST
+    else:
+        try:
+            raw.decode()
+        except UnicodeDecodeError:  # Not text: the raw bytes are all there is to compare.
+            return raw
+        data = QueryDict(raw, encoding=http_request.encoding)
+    return canonical_form(_pairs(data), ignore)
+
+
+def _canonical_multipart(request: Any, http_request: HttpRequest) -> bytes:
+    """Fields and file digests, parsed as Django parses a POST, for every method."""
+    raw = _readable_body(http_request) if _fits_in_memory(http_request) else None
+    if raw is not None and http_request.method != "POST":
+        # Django parses forms for POST only; a PATCH's fields count all the same.
+        data, uploads = http_request.parse_file_upload(http_request.META, BytesIO(raw))
+    else:
+        if raw is None and http_request.method != "POST" and not _stream_read(http_request):
+            # Too large to hold: parse from the stream as Django does for a POST, and keep the
+            # result where Django and DRF look for it.
+            parsed = http_request.parse_file_upload(http_request.META, http_request)
+            http_request._post, http_request._files = parsed  # type: ignore[attr-defined]
+        # A POST's form as Django parsed it, from the kept body or from the stream (CSRF reads
+        # it first); otherwise what a parser (DRF's) that consumed the stream made of it.
+        source = http_request if http_request.method == "POST" else request
+        data, uploads = source.POST, source.FILES
+    files = []
+    for name, items in uploads.lists():
+        for upload in items:
+            digest = hashlib.sha256()
+            for chunk in upload.chunks():
+                digest.update(chunk)
+            upload.seek(0)  # The view reads the file next.
+            files.append((name, upload.name or "", digest.hexdigest()))
+    return canonical_multipart(_pairs(data), files, conf.FINGERPRINT_IGNORE_FIELDS)
+
+
+def _fits_in_memory(http_request: HttpRequest) -> bool:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     try:
         length = int(http_request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
-        return
-    if limit is None or length <= limit:
-        http_request.body  # noqa: B018 - reading it is the point.
+        return False
+    return limit is None or length <= limit
 
 
-def request_fingerprint(request: Any) -> str:
-    """The default IDEMPOTENCY_FINGERPRINT: method, path with query, canonical body."""
-    http_request = django_request(request)
-    ignore = conf.FINGERPRINT_IGNORE_FIELDS
-    if http_request.content_type == "multipart/form-data":
-        _keep_body_readable(http_request)
-        fields = [(name, value) for name, values in http_request.POST.lists() for value in values]
-        files = []
-        for name, uploads in http_request.FILES.lists():
-            for upload in uploads:
-                digest = hashlib.sha256()
-                for chunk in upload.chunks():
-                    digest.update(chunk)
-                upload.seek(0)  # The view reads the file next.
-                files.append((name, upload.name or "", digest.hexdigest()))
-        body = canonical_multipart(fields, files, ignore)
-    else:
-        body = canonical_body(http_request.content_type or "", http_request.body, ignore)
-    return fingerprint(http_request.method or "", http_request.get_full_path(), body)
+def _pairs(data: Any) -> list[tuple[str, str]]:
+    return [(name, value) for name, values in data.lists() for value in values]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from http.client import responses
+
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 
@@ -36,14 +38,28 @@ def capture(response: HttpResponseBase) -> StoredResponse | None:
     headers = [
         (name, value) for name, value in response.items() if name.lower() not in _NOT_REPLAYED
     ]
-    return StoredResponse(status=response.status_code, headers=headers, body=response.content)
+    reason = response.reason_phrase
+    return StoredResponse(
+        status=response.status_code,
+        headers=headers,
+        body=response.content,
+        reason="" if reason == responses.get(response.status_code) else reason,
+    )
 
 
 def replay(stored: StoredResponse) -> HttpResponse:
     headers = dict(stored.headers)
-    headers["Content-Length"] = str(len(stored.body))
+    if _may_carry_length(stored):
+        headers["Content-Length"] = str(len(stored.body))
     headers[REPLAYED_HEADER] = "true"
-    response = HttpResponse(stored.body, status=stored.status, headers=headers)
+    response = HttpResponse(
+        stored.body, status=stored.status, reason=stored.reason or None, headers=headers
+    )
     if not any(name.lower() == "content-type" for name in headers):
         del response["Content-Type"]  # The view sent none: do not add Django's default.
     return response
+
+
+def _may_carry_length(stored: StoredResponse) -> bool:
+    """RFC 9110 §8.6: no Content-Length on a 1xx or 204 (nor on a 304, which has no body)."""
+    return stored.status >= 200 and stored.status not in (204, 304)

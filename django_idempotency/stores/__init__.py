@@ -5,9 +5,15 @@ from __future__ import annotations
 from functools import lru_cache
 
 from django_idempotency.conf import conf, load_callable
-from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult, StoreUnavailable
+from django_idempotency.stores.base import (
+    BaseStore,
+    ClaimRequest,
+    PurgeResult,
+    StoreBusy,
+    StoreUnavailable,
+)
 
-__all__ = ["BaseStore", "ClaimRequest", "PurgeResult", "StoreUnavailable", "get_store"]
+__all__ = ["BaseStore", "ClaimRequest", "PurgeResult", "StoreBusy", "StoreUnavailable", "get_store"]
 
 
 def get_store() -> BaseStore:

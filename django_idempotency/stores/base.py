@@ -10,7 +10,12 @@ from datetime import datetime, timedelta
 from django_idempotency.core.outcomes import Claim, Scope, StoredResponse
 from django_idempotency.exceptions import StoreUnavailable
 
-__all__ = ["BaseStore", "ClaimRequest", "PurgeResult", "StoreUnavailable"]
+__all__ = ["BaseStore", "ClaimRequest", "PurgeResult", "StoreBusy", "StoreUnavailable"]
+
+
+class StoreBusy(Exception):
+    """The store cannot take a claim right now, though it is reachable (SQLite's single writer
+    is busy elsewhere): the request is answered as if its key were in progress."""
 
 
 @dataclass

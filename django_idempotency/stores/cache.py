@@ -17,8 +17,8 @@ from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult
 
 logger = logging.getLogger("django_idempotency")
 
-# (fingerprint, expires_at as a POSIX timestamp, status, headers, body)
-CachedRecord = tuple[str, float, int, list[tuple[str, str]], bytes]
+# ((fingerprint, method, path), expires_at as a POSIX timestamp, status, reason, headers, body)
+CachedRecord = tuple[tuple[str, str, str], float, int, str, list[tuple[str, str]], bytes]
 
 
 class CacheTier(BaseStore):
@@ -53,10 +53,10 @@ class CacheTier(BaseStore):
             observe_lookup(False)
             return self._copied(self.inner.lookup(request))
         observe_lookup(True)
-        fingerprint, _, status, headers, body = cached
-        if fingerprint != request.fingerprint:
+        identity, _, status, reason, headers, body = cached
+        if identity != (request.fingerprint, request.method, request.path):
             return Claim(Outcome.MISMATCH)
-        return Claim(Outcome.REPLAY, response=StoredResponse(status, headers, body))
+        return Claim(Outcome.REPLAY, response=StoredResponse(status, headers, body, reason))
 
     def begin(self, request: ClaimRequest) -> Claim:
         claim = self._copied(self.inner.begin(request))
@@ -134,9 +134,10 @@ class CacheTier(BaseStore):
         if timeout <= 1:
             return
         value: CachedRecord = (
-            claim.fingerprint,
+            (claim.fingerprint, claim.method, claim.path),
             expires,
             response.status,
+            response.reason,
             list(response.headers),
             response.body,
         )
@@ -170,4 +171,5 @@ def _warn_quietly(message: str, exc: Exception) -> None:
 def cache_key(scope: Scope) -> str:
     """Fixed-length and safe for every backend, whatever characters the key holds."""
     digest = hashlib.sha256("\x00".join((scope.namespace, scope.owner, scope.key)).encode())
-    return "django_idempotency:" + digest.hexdigest()
+    # The version changes with CachedRecord's layout: copies of an older layout are not read.
+    return "django_idempotency:2:" + digest.hexdigest()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
 from functools import cached_property
@@ -21,7 +21,7 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from django_idempotency.conf import conf
 from django_idempotency.core.outcomes import (
@@ -33,9 +33,16 @@ from django_idempotency.core.outcomes import (
     classify,
     is_abandoned,
 )
-from django_idempotency.models import IdempotencyRecord
+from django_idempotency.models import IdempotencyRecord, reclaimable
 from django_idempotency.stores import statements
-from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult, StoreUnavailable
+from django_idempotency.stores.base import (
+    BaseStore,
+    ClaimRequest,
+    PurgeResult,
+    StoreBusy,
+    StoreUnavailable,
+)
+from django_idempotency.stores.connections import on_a_live_connection
 from django_idempotency.stores.statements import RECORD_COLUMNS, RecordRow
 
 # The columns a claim writes, in the order of `_claim_params`.
@@ -78,11 +85,8 @@ class DatabaseStore(BaseStore):
         """Answer a replay, a mismatch or a live claim with one indexed read, before any
         transaction is opened; a new, expired or abandoned key goes on to `begin`."""
         connection = self.connection
-        scope = request.scope
         try:
-            row = _fetch_one(
-                connection, self._sql["lookup"], [scope.namespace, scope.owner, scope.key]
-            )
+            row = on_a_live_connection(lambda: self._find(connection, request.scope))
         except _UNREACHABLE as exc:
             if _is_sqlite_busy(connection, exc):
                 return None  # `begin` decides, answering 409 if SQLite stays busy.
@@ -91,17 +95,32 @@ class DatabaseStore(BaseStore):
             return None
         return self._answer(row, request)
 
+    def _find(self, connection: BaseDatabaseWrapper, scope: Scope) -> RecordRow | None:
+        return _fetch_one(
+            connection, self._sql["lookup"], [scope.namespace, scope.owner, scope.key]
+        )
+
     def begin(self, request: ClaimRequest) -> Claim:
         connection = self.connection
         token = uuid.uuid4().hex
         try:
-            row = self._insert_or_find(connection, request, token)
+            row, held_by_another_request = self._insert_or_find(connection, request, token)
             if row is None:
-                return Claim(Outcome.IN_PROGRESS)
+                # Held by a claim not yet committed (atomic mode), or one just released.
+                outcome = Outcome.MISMATCH if held_by_another_request else Outcome.IN_PROGRESS
+                return Claim(outcome)
             claimed = row.claimed
             # Only take over a record nobody else is claiming right now.
             if not claimed and row.acquired and _abandoned(row, request):
-                row, claimed = self._take_over(row, request, token)
+                taken = self._take_over(row, request, token)
+                if taken is None:
+                    # Purged or taken by another retry since the read: answer from what the
+                    # database holds now, never from the stale row.
+                    row = self._find(connection, request.scope)
+                    if row is None or _abandoned(row, request):
+                        return Claim(Outcome.IN_PROGRESS)
+                else:
+                    row, claimed = taken, True
         except _UNREACHABLE as exc:
             if _is_sqlite_busy(connection, exc):
                 return Claim(Outcome.IN_PROGRESS)  # SQLite's single writer is busy elsewhere.
@@ -115,6 +134,8 @@ class DatabaseStore(BaseStore):
                 scope=request.scope,
                 fingerprint=row.fingerprint,
                 expires_at=row.expires_at,
+                method=request.method,
+                path=request.path,
             )
         return self._answer(row, request)
 
@@ -123,10 +144,10 @@ class DatabaseStore(BaseStore):
         """What an existing record, not ours, means for this request."""
         outcome = classify(
             status=row.status,
-            stored_fingerprint=row.fingerprint,
-            fingerprint=request.fingerprint,
             expires_at=row.expires_at,
             now=request.now,
+            same_request=(row.fingerprint, row.method, row.path)
+            == (request.fingerprint, request.method, request.path),
         )
         if outcome is Outcome.REPLAY:
             return Claim(
@@ -136,47 +157,52 @@ class DatabaseStore(BaseStore):
                 scope=request.scope,
                 fingerprint=row.fingerprint,
                 expires_at=row.expires_at,
+                method=row.method,
+                path=row.path,
             )
         return Claim(outcome, record_id=row.pk, lease_expires_at=row.lease_expires_at)
 
     def _insert_or_find(
         self, connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
-    ) -> RecordRow | None:
-        """One statement: insert the claim, or return the record already holding the key."""
+    ) -> tuple[RecordRow | None, bool]:
+        """One statement: insert the claim, or return the record already holding the key; and
+        whether the key was held by a claim for another request (only PostgreSQL can tell)."""
         sql, params = self._claim_statement(connection, request, token)
-        row = _fetch_one(connection, sql, params)
+        with statements.cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            values = cursor.fetchone()
+        row = None if values is None or values[0] is None else statements.to_row(values)
+        flags: Sequence[Any] = () if values is None else values[len(RECORD_COLUMNS) :]
+        # The identity lock was free (not this same request) and the key's lock was not.
+        held_by_another_request = len(flags) == 3 and bool(flags[2]) and not flags[1]
         if row is None:
             # Committed between our snapshot and our insert (or, on SQLite, not inserted):
             # a fresh statement sees it.
-            scope = request.scope
-            row = _fetch_one(
-                connection, self._sql["lookup"], [scope.namespace, scope.owner, scope.key]
-            )
-        return row
+            row = self._find(connection, request.scope)
+        return row, held_by_another_request
 
-    def _take_over(
-        self, row: RecordRow, request: ClaimRequest, token: str
-    ) -> tuple[RecordRow, bool]:
-        """Claim an abandoned record, unless a concurrent request got there first."""
+    def _take_over(self, row: RecordRow, request: ClaimRequest, token: str) -> RecordRow | None:
+        """Claim an abandoned record; None if a concurrent request or the purge got there first."""
         now = request.now
         row = replace(
             row,
             fingerprint=request.fingerprint,
+            method=request.method,
+            path=request.path,
+            status=Status.IN_PROGRESS.value,
             lease_expires_at=now + request.lease if request.lease is not None else None,
             expires_at=now + request.ttl,
         )
         updated = (
             IdempotencyRecord.objects.using(self.alias)
-            .filter(
-                Q(expires_at__lte=now) | Q(status=Status.IN_PROGRESS, lease_expires_at__lte=now),
-                pk=row.pk,
-            )
+            .filter(reclaimable(now), pk=row.pk)
             .update(
                 fingerprint=row.fingerprint,
-                status=Status.IN_PROGRESS.value,
+                status=row.status,
                 method=request.method,
                 path=request.path,
                 response_status=None,
+                response_reason="",
                 response_headers=[],
                 response_body=None,
                 lease_token=token,
@@ -186,7 +212,7 @@ class DatabaseStore(BaseStore):
                 expires_at=row.expires_at,
             )
         )
-        return row, updated == 1
+        return row if updated == 1 else None
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
         assert claim.record_id is not None and claim.lease_token is not None
@@ -195,6 +221,7 @@ class DatabaseStore(BaseStore):
         params = [
             Status.COMPLETED.value,
             response.status,
+            response.reason,
             ops.adapt_json_value([list(pair) for pair in response.headers], None),
             response.body,
             ops.adapt_datetimefield_value(now),
@@ -220,9 +247,7 @@ class DatabaseStore(BaseStore):
         progress: Callable[[PurgeResult], None] | None = None,
         forget: Callable[[Iterable[Scope]], None] | None = None,
     ) -> PurgeResult:
-        records = IdempotencyRecord.objects.using(self.alias).filter(
-            Q(expires_at__lte=now) | Q(status=Status.IN_PROGRESS, lease_expires_at__lte=now)
-        )
+        records = IdempotencyRecord.objects.using(self.alias).filter(reclaimable(now))
         if namespace is not None:
             records = records.filter(namespace=namespace)
         if dry_run:
@@ -279,8 +304,17 @@ class DatabaseStore(BaseStore):
                 # fewer, and no savepoint whose rollback would doom the caller's transaction).
                 yield False
                 return
-            with transaction.atomic(using=self.alias):
-                yield True
+            entered = False
+            try:
+                with transaction.atomic(using=self.alias):
+                    entered = True
+                    yield True
+            except OperationalError as exc:
+                # SQLite with "transaction_mode": "IMMEDIATE" takes its single writer's lock at
+                # BEGIN: another request holds it, which is not a lost database.
+                if not entered and _is_sqlite_busy(connection, exc):
+                    raise StoreBusy(str(exc)) from exc
+                raise
 
     def discard(self) -> None:
         transaction.set_rollback(True, using=self.alias)
@@ -302,6 +336,7 @@ class DatabaseStore(BaseStore):
         scope = request.scope
         if connection.vendor == "postgresql":
             return self._sql["postgresql"], [
+                _identity_lock_id(request),
                 _lock_id(scope.namespace, scope.owner, scope.key),
                 *params,
                 scope.namespace,
@@ -343,7 +378,13 @@ class DatabaseStore(BaseStore):
         scope = f"{_q('namespace')} = %s AND {_q('owner')} = %s AND {_q('key')} = %s"
         completed = ", ".join(
             f"{_q(c)} = %s"
-            for c in ("status", "response_status", "response_headers", "response_body")
+            for c in (
+                "status",
+                "response_status",
+                "response_reason",
+                "response_headers",
+                "response_body",
+            )
         )
         return {
             "postgresql": _postgresql_claim_sql(),
@@ -384,10 +425,18 @@ def _is_sqlite_busy(connection: BaseDatabaseWrapper, exc: Exception) -> bool:
     return connection.vendor == "sqlite" and "locked" in str(exc)
 
 
-def _lock_id(namespace: str, owner: str, key: str) -> int:
-    """A signed 64-bit advisory lock id for the scope; collisions only cost a spurious 409."""
-    digest = hashlib.sha256("\x00".join((namespace, owner, key)).encode()).digest()
+def _lock_id(*parts: str) -> int:
+    """A signed 64-bit advisory lock id; collisions only cost a spurious 409."""
+    digest = hashlib.sha256("\x00".join(parts).encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _identity_lock_id(request: ClaimRequest) -> int:
+    """The lock a claim holds on its request's identity: scope, fingerprint, method, path."""
+    scope = request.scope
+    return _lock_id(
+        scope.namespace, scope.owner, scope.key, request.fingerprint, request.method, request.path
+    )
 
 
 def _abandoned(row: RecordRow, request: ClaimRequest) -> bool:
@@ -404,6 +453,7 @@ def _stored_response(row: RecordRow) -> StoredResponse:
         status=row.response_status or 200,
         headers=[(str(name), str(value)) for name, value in row.response_headers],
         body=row.response_body or b"",
+        reason=row.response_reason,
     )
 
 
@@ -417,18 +467,26 @@ _ON_CONFLICT = f"ON CONFLICT ({_q('namespace')}, {_q('owner')}, {_q('key')}) DO 
 def _postgresql_claim_sql() -> str:
     table = _q(IdempotencyRecord._meta.db_table)
     columns = ", ".join(_q(c) for c in RECORD_COLUMNS)
+    found = ", ".join(f"found.{_q(c)}" for c in RECORD_COLUMNS)
     casts = {"response_headers": "::jsonb", "lease_expires_at": "::timestamptz"}
     casts |= {"created_at": "::timestamptz", "expires_at": "::timestamptz"}
     values = ", ".join(f"%s{casts.get(c, '')}" for c in _INSERTED)
+    scope = " AND ".join(f"found.{_q(c)} = %s" for c in ("namespace", "owner", "key"))
+    # Two transaction-scoped advisory locks, the request's identity first, then the key. A
+    # duplicate of the same request fails the first: in progress (409). Another request with
+    # the key takes the first and fails the second: a mismatch (422), told apart even while the
+    # holder's claim is uncommitted and invisible (atomic mode).
     return (
-        f"WITH lock AS (SELECT pg_try_advisory_xact_lock(%s) AS acquired), "
+        f"WITH identity AS (SELECT pg_try_advisory_xact_lock(%s) AS free), "
+        f"lock AS (SELECT CASE WHEN free THEN pg_try_advisory_xact_lock(%s) ELSE FALSE END "
+        f"AS acquired, free FROM identity), "
         f"claimed AS (INSERT INTO {table} ({', '.join(_q(c) for c in _INSERTED)}) "
         f"SELECT {values} FROM lock WHERE lock.acquired {_ON_CONFLICT} "
         f"RETURNING {columns}) "
-        f"SELECT {columns}, TRUE AS claimed, TRUE AS acquired FROM claimed "
-        f"UNION ALL SELECT {columns}, FALSE, (SELECT acquired FROM lock) FROM {table} "
-        f"WHERE {_q('namespace')} = %s AND {_q('owner')} = %s AND {_q('key')} = %s "
-        f"AND NOT EXISTS (SELECT 1 FROM claimed)"
+        f"SELECT {columns}, TRUE AS claimed, TRUE AS acquired, TRUE AS free FROM claimed "
+        f"UNION ALL SELECT {found}, FALSE, lock.acquired, lock.free "
+        f"FROM lock LEFT JOIN {table} AS found ON {scope} "
+        f"WHERE NOT EXISTS (SELECT 1 FROM claimed)"
     )
 
 

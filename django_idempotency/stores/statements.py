@@ -7,18 +7,24 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any
 
+from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 # What the store reads of a record, in this order, by every statement that returns one.
 RECORD_COLUMNS = (
     "id",
     "fingerprint",
+    "method",
+    "path",
     "status",
     "response_status",
+    "response_reason",
     "response_headers",
     "response_body",
     "lease_expires_at",
@@ -32,8 +38,11 @@ class RecordRow:
 
     pk: int
     fingerprint: str
+    method: str
+    path: str
     status: str
     response_status: int | None
+    response_reason: str
     response_headers: list[list[str]]
     response_body: bytes | None
     lease_expires_at: datetime | None
@@ -44,15 +53,28 @@ class RecordRow:
 
 def to_row(values: Sequence[Any]) -> RecordRow:
     """Decode one result row; SQLite hands back text where PostgreSQL has types."""
-    pk, fingerprint, status, response_status, headers, body, lease_expires_at, expires_at = values[
-        : len(RECORD_COLUMNS)
-    ]
+    (
+        pk,
+        fingerprint,
+        method,
+        path,
+        status,
+        response_status,
+        response_reason,
+        headers,
+        body,
+        lease_expires_at,
+        expires_at,
+    ) = values[: len(RECORD_COLUMNS)]
     flags = [bool(flag) for flag in values[len(RECORD_COLUMNS) :]]
     return RecordRow(
         pk=int(pk),
         fingerprint=str(fingerprint),
+        method=str(method),
+        path=str(path),
         status=str(status),
         response_status=response_status,
+        response_reason=str(response_reason or ""),
         response_headers=json.loads(headers) if isinstance(headers, (str, bytes)) else headers,
         response_body=None if body is None else bytes(body),
         lease_expires_at=_datetime(lease_expires_at),
@@ -63,11 +85,18 @@ def to_row(values: Sequence[Any]) -> RecordRow:
 
 
 def _datetime(value: Any) -> datetime | None:
+    """A column's datetime as `django.utils.timezone.now()` gives them: aware in UTC with
+    USE_TZ, naive local time without, so the two always compare."""
     if value is None:
         return None
     parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
-    if parsed is not None and parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)  # SQLite: naive, stored in UTC (USE_TZ).
+    if parsed is None:
+        return None
+    if settings.USE_TZ:
+        # SQLite hands back naive text, stored in UTC.
+        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt_timezone.utc)
+    if parsed.tzinfo is not None:  # PostgreSQL's timestamptz: to the project's time zone.
+        return timezone.make_naive(parsed)
     return parsed
 
 

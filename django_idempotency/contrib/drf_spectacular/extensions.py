@@ -18,6 +18,7 @@ from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.core.keys import MAX_KEY_LENGTH
 from django_idempotency.http import problems
 from django_idempotency.http.options import Options, Resolved, resolve
+from django_idempotency.http.owners import authenticated_user
 from django_idempotency.http.requests import SAFE_METHODS
 from django_idempotency.http.responses import REPLAYED_HEADER
 
@@ -244,6 +245,8 @@ def _can_answer(kind: problems.ProblemKind, resolved: Resolved) -> bool:
         return resolved.required
     if kind is problems.DELIVERY_REJECTED:
         return resolved.verify is not None
+    if kind is problems.INVALID_OWNER:  # The default owner, a user's primary key, is always valid.
+        return conf.OWNER_RESOLVER is not authenticated_user
     return True
 
 
