@@ -109,6 +109,21 @@ class Services:
         # The cluster is this run's own: stop it whoever started it.
         self._services("PG_STARTED_HERE=1 stop_postgres")
 
+    def restart_postgres(self) -> None:
+        """Stop the cluster (fast: every client connection is cut), start it again, and return
+        once it accepts connections."""
+        self.stop_postgres()
+        self.start_postgres()
+        # pg_ctl -w waits for the server to be ready; a client connecting proves it from outside.
+        wait_until(self._postgres_accepts, 30, "PostgreSQL to accept connections again")
+
+    def _postgres_accepts(self) -> bool:
+        try:
+            with psycopg.connect(self.admin_url, connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            return False
+
     def start_redis(self) -> None:
         self._start("start_redis")
 

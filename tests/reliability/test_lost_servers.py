@@ -1,20 +1,25 @@
-"""Scenario 3: Redis, then PostgreSQL, stopped in the middle of a run of requests."""
+"""Scenario 3: Redis, then PostgreSQL, stopped in the middle of a run of requests; PostgreSQL
+restarted under persistent connections."""
 
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
+from urllib.parse import urlencode
 
 import pytest
 import redis
 
 from tests.reliability.client import Answer, post
 from tests.reliability.harness import Database, Figure, Figures, Serve, Server, Services
+from tests.reliability.test_isolation import session_login
 
 CLIENTS = 8
 SEEDED = 50
@@ -215,3 +220,235 @@ def test_postgresql_stopped_mid_run_answers_503_and_no_key_runs_twice_after_it_r
             f"503); retries of {len(first)} keys after restart: {dict(retried)}",
         )
     )
+
+
+# PostgreSQL restarted under CONN_MAX_AGE: every worker thread holds a persistent connection that
+# the restart kills; Django (CONN_HEALTH_CHECKS off) hands it to the thread's next request as is.
+WORKER_THREADS = Server.workers * Server.threads
+ROUNDS = 3
+SLOW = 0.3  # Seconds the provider takes: requests sent at once then occupy every worker thread.
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    path: str
+    form: bool = False  # The plain Django checkout form, rather than DRF's JSON.
+
+    @property
+    def success(self) -> int:
+        return 303 if self.form else 201
+
+    def send(self, server: Server, key: str, headers: list[tuple[str, str]]) -> Sent:
+        if self.form:
+            body: bytes | dict[str, object] = urlencode({**BODY, "description": key}).encode()
+            headers = [("Content-Type", "application/x-www-form-urlencoded"), *headers]
+        else:
+            body = {**_body(key), "delay": SLOW}
+        started = time.monotonic()
+        answer = post(server.url, self.path, body, key, headers, timeout=10)
+        return Sent(key, self.path, started, time.monotonic(), answer)
+
+
+PROVIDER = (Endpoint("/api/provider/payments/"), Endpoint("/api/provider/lease/"))
+CHECKOUT = Endpoint("/checkout/", form=True)
+
+
+@dataclass(frozen=True)
+class FirstQuery:
+    """Who sends a request's first query, the one that meets the dead connection."""
+
+    id: str
+    label: str
+    endpoints: tuple[Endpoint, ...]
+    session: bool
+    by_library: bool  # False: DRF and Django query first, before the package's guard is called.
+
+
+FIRST_QUERIES = [
+    FirstQuery("store", "the store (anonymous, atomic + lease)", PROVIDER, False, True),
+    FirstQuery(
+        "owner", "the guard's owner resolver (session user, Django view)", (CHECKOUT,), True, True
+    ),
+    FirstQuery(
+        "drf-session",
+        "DRF SessionAuthentication under IdempotencyMixin (session user)",
+        PROVIDER,
+        True,
+        True,
+    ),
+]
+
+
+def _at_once(requests: list[Callable[[], Sent]]) -> list[Sent]:
+    """Send the requests together, one client thread each, released by one barrier."""
+    barrier = threading.Barrier(len(requests))
+
+    def run(request: Callable[[], Sent]) -> Sent:
+        barrier.wait(timeout=30)
+        return request()
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(run, requests))
+
+
+def _demo_connections(db: Database) -> int:
+    """The demo's connections to its database: every client backend but this query's own."""
+    return int(
+        db.value(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+    )
+
+
+def _warm_up(
+    server: Server, db: Database, case: FirstQuery, headers: list[tuple[str, str]], prefix: str
+) -> dict[str, Sent]:
+    """Fresh keys, then their replays, WORKER_THREADS at once, until every worker thread holds a
+    persistent connection: a thread that never ran a query would open a new one after the
+    restart and hide the failure. Returns each completed key's first answer."""
+    # The slow provider views keep each thread busy, so the next request goes to another thread.
+    endpoints = list(dict.fromkeys([*PROVIDER, *case.endpoints]))
+    completed: dict[str, Sent] = {}
+    deadline = time.monotonic() + 20
+    for number in itertools.count():  # Ends by returning or by failing the test.
+        batch = [
+            (f"{prefix}warm-{number}-{i:02}", endpoints[i % len(endpoints)])
+            for i in range(WORKER_THREADS)
+        ]
+        for _ in range(2):  # The first request, then its replay.
+            answers = _at_once([partial(e.send, server, key, headers) for key, e in batch])
+            for (key, endpoint), s in zip(batch, answers, strict=True):
+                assert s.answer.status == endpoint.success, s.answer
+                completed.setdefault(key, s)
+        if _demo_connections(db) >= WORKER_THREADS:
+            return completed
+        assert time.monotonic() < deadline, (
+            f"After 20 s of warm-up only {_demo_connections(db)} of {WORKER_THREADS} worker "
+            "threads hold a connection."
+        )
+    raise AssertionError("itertools.count() ended")
+
+
+def _burst(
+    server: Server,
+    case: FirstQuery,
+    headers: list[tuple[str, str]],
+    prefix: str,
+    completed: dict[str, Sent],
+) -> list[Sent]:
+    """ROUNDS rounds of WORKER_THREADS requests at once (two thirds fresh keys, one third retries
+    of keys completed before the restart), then the retry of each fresh key."""
+    paths = {e.path: e for e in case.endpoints}
+    earlier = itertools.cycle(sorted(k for k, s in completed.items() if s.path in paths))
+    sent: list[Sent] = []
+    for number in range(ROUNDS):
+        batch: list[tuple[str, Endpoint]] = []
+        for i in range(WORKER_THREADS):
+            if i % 3 == 2:
+                key = next(earlier)
+                batch.append((key, paths[completed[key].path]))
+            else:
+                batch.append((f"{prefix}{number}-{i:02}", case.endpoints[i % len(case.endpoints)]))
+        fresh = [(key, e) for key, e in batch if key not in completed]
+        for requests in (batch, fresh):
+            sent += _at_once([partial(e.send, server, key, headers) for key, e in requests])
+    return sent
+
+
+def _failure(answer: Answer) -> str:
+    """What a failed request got: the problem's type, or the exception on DEBUG's 500 page."""
+    if answer.status == 0:
+        return answer.error.split(":")[0]
+    if answer.is_problem:
+        return f"{answer.status} {answer.problem()['type'].rsplit('#', 1)[-1]}"
+    exception = re.search(rb"<title>(\w+)\s+at ", answer.body)
+    name = exception.group(1).decode() if exception else "?"
+    # Where it was raised: Django's session store (before the package) or elsewhere.
+    where = " in the session store" if b"django/contrib/sessions/" in answer.body else ""
+    return f"{answer.status} {name}{where}"
+
+
+@pytest.mark.parametrize("case", FIRST_QUERIES, ids=lambda case: case.id)
+def test_postgresql_restarted_under_conn_max_age_fails_no_request_once_it_is_back(
+    case: FirstQuery,
+    persistent_server: Server,
+    services: Services,
+    db: Database,
+    figures: Figures,
+    timer: Callable[[], float],
+) -> None:
+    server, prefix = persistent_server, f"restart-{case.id}-"
+    headers = session_login(server, "alice") if case.session else []
+    completed = _warm_up(server, db, case, headers, prefix)
+    warm_up_requests = 2 * len(completed)
+
+    started_at = db.value("SELECT pg_postmaster_start_time()")
+    services.restart_postgres()
+    # A stop that silently failed would leave the old server, and its connections, running.
+    assert db.value("SELECT pg_postmaster_start_time()") != started_at
+    assert _demo_connections(db) == 0  # Every persistent connection the workers hold is dead.
+
+    sent = _burst(server, case, headers, prefix, completed)
+    # One new connection per worker thread that served the burst, which shows it reached them
+    # all (a thread whose only request failed has none: Django closed the dead one after it).
+    reconnected = _demo_connections(db)
+    endpoints = {e.path: e for e in case.endpoints}
+    failed = [s for s in sent if s.answer.status == 0 or s.answer.status >= 500]
+    others = [s for s in sent if s not in failed and s.answer.status != endpoints[s.path].success]
+    assert not others, [f"{s.path}: {s.answer}" for s in others[:3]]
+
+    # The client retries each key the burst left unanswered: it runs once, like every other.
+    answers: dict[str, list[Answer]] = {}
+    for s in sent:
+        answers.setdefault(s.key, []).append(s.answer)
+    retried = 0
+    for key, got in answers.items():
+        endpoint = endpoints[next(s.path for s in sent if s.key == key)]
+        deadline = time.monotonic() + 10
+        while all(a.status != endpoint.success for a in got) and time.monotonic() < deadline:
+            retried += 1
+            got.append(endpoint.send(server, key, headers).answer)
+        succeeded = [a for a in got if a.status == endpoint.success]
+        assert succeeded, (key, got[-1])
+        first = completed[key].answer if key in completed else succeeded[0]
+        if key not in completed:
+            assert not first.replayed, (key, first)
+        # Every later success replays the first response, before the restart or after it.
+        for answer in succeeded:
+            if answer is not first:
+                assert (answer.replayed, answer.body) == (True, first.body), (key, answer)
+    executions = db.executions(prefix)
+    runs = {executions.get(key, 0) for key in [*completed, *answers]}
+
+    failures = Counter(_failure(s.answer) for s in failed)
+    figures.add(
+        Figure(
+            "3. lost servers",
+            f"PostgreSQL restarted, CONN_MAX_AGE 60; first query: {case.label}",
+            requests=len(sent) + retried,
+            absorbed=sum(s.answer.replayed for s in sent),
+            executions="1" if runs == {1} else str(sorted(runs)),
+            server_errors=sum(s.answer.status >= 500 for s in failed),
+            seconds=timer(),
+            notes=f"after the restart {len(failed)} of {len(sent)} failed "
+            f"({', '.join(f'{n} x {what}' for what, n in failures.items()) or 'none'}); "
+            f"{reconnected} of {WORKER_THREADS} worker threads connected again; "
+            f"warm-up {warm_up_requests} requests",
+        )
+    )
+    assert runs == {1}, {key: n for key, n in executions.items() if n != 1}
+    if case.by_library:
+        # The promise: a dead persistent connection never fails a request once the database is
+        # back (the first query is the package's own: the store's, or the owner resolver's).
+        assert not failed, (
+            f"{len(failed)} of {len(sent)} requests failed after the restart "
+            f"({dict(failures)}), {reconnected} worker threads connected again; first: "
+            f"{failed[0].path}: {failed[0].answer}"
+        )
+    else:
+        # DRF authenticates (loading the session, then the user) before the package's guard is
+        # called, so that query meets the dead connection in Django's session store and the
+        # guard never sees it (Django's CONN_HEALTH_CHECKS spares it). Django closes the
+        # connection after the failed request, so at most each thread's first request fails.
+        assert len(failed) <= WORKER_THREADS, dict(failures)

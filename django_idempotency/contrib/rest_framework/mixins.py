@@ -9,6 +9,7 @@ from typing import Any
 from django_idempotency.conf import Mode, OnConflict, conf
 from django_idempotency.decorators import guarded
 from django_idempotency.http.options import Options
+from django_idempotency.stores.connections import on_a_live_connection
 
 # The mixin's handlers take every option from the view's attributes and the settings.
 _INHERITED = Options()
@@ -34,6 +35,11 @@ class IdempotencyMixin:
         if methods is None:
             return frozenset(conf.METHODS)
         return frozenset(m.upper() for m in ([methods] if isinstance(methods, str) else methods))
+
+    def perform_authentication(self, request: Any) -> None:
+        # Loading the session and the user is most often a request's first query: a connection
+        # a database restart left dead (CONN_MAX_AGE) is replaced here, not answered with a 500.
+        on_a_live_connection(lambda: super(IdempotencyMixin, self).perform_authentication(request))  # type: ignore[misc]
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         # Authentication, permissions and throttles run first: a replay never skips them.
