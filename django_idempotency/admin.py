@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import calendar
+import functools
 import json
 import logging
+from collections.abc import Callable
 from datetime import date, datetime
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
@@ -13,7 +15,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
-from django.db import connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import Combinable
 from django.http import HttpRequest, HttpResponse
@@ -42,6 +44,52 @@ BODY_PREVIEW_CHARS = 10 * 1024
 PRETTY_PRINT_MAX_BYTES = 1024 * 1024
 DELETE_BATCH_SIZE = 1000
 CONFIRMATION_SAMPLE = 10
+_UNREACHABLE = (StoreUnavailable, OperationalError, InterfaceError)
+
+_Action = Callable[
+    ["IdempotencyRecordAdmin", HttpRequest, QuerySet[IdempotencyRecord]], HttpResponse | None
+]
+
+
+def reports_a_lost_database(stopped: Callable[[], str]) -> Callable[[_Action], _Action]:
+    """Turn a database lost during an action into an error message and a redirect back.
+
+    An outage is not a bug: the user gets what happened and what to do, not a 500. `stopped`
+    gives the message, with ``%(error)s`` for the database's own words.
+    """
+
+    def decorate(action: _Action) -> _Action:
+        @functools.wraps(action)
+        def run(
+            self: IdempotencyRecordAdmin,
+            request: HttpRequest,
+            queryset: QuerySet[IdempotencyRecord],
+        ) -> HttpResponse | None:
+            try:
+                return action(self, request, queryset)
+            except _UNREACHABLE as exc:
+                logger.warning("Admin action %s stopped: %s", action.__name__, exc)
+                error = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
+                self.message_user(request, stopped() % {"error": error}, messages.ERROR)
+                return None  # Django's admin then redirects back to the list, filters kept.
+
+        return run
+
+    return decorate
+
+
+def _purge_stopped() -> str:
+    return gettext(
+        "The purge stopped: the database holding idempotency records cannot be reached "
+        "(%(error)s). Try again when it is back; records already purged stay purged."
+    )
+
+
+def _release_stopped() -> str:
+    return gettext(
+        "The release stopped: the database holding idempotency records cannot be reached "
+        "(%(error)s). Try again when it is back; records already released stay released."
+    )
 
 
 class ResponseStatusClassFilter(admin.SimpleListFilter):
@@ -323,6 +371,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     # Actions. Each asks for confirmation first, then reports what it did.
 
     @admin.action(permissions=["delete"], description=_("Purge selected idempotency records"))
+    @reports_a_lost_database(_purge_stopped)
     def purge_selected(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
     ) -> HttpResponse | None:
@@ -352,6 +401,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         return None
 
     @admin.action(permissions=["delete"], description=_("Purge all expired idempotency records"))
+    @reports_a_lost_database(_purge_stopped)
     def purge_expired(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
     ) -> HttpResponse | None:
@@ -378,16 +428,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
                 ]
             )
             return self._confirm(request, "purge_expired", question, [], preview.total)
-        try:
-            result = store.purge(timezone.now())
-        except StoreUnavailable as exc:
-            self.message_user(
-                request,
-                gettext("Nothing was purged: the store is unavailable (%(error)s). Try again.")
-                % {"error": exc},
-                messages.ERROR,
-            )
-            return None
+        result = store.purge(timezone.now())
         logger.info(
             "%s purged %d expired and %d abandoned idempotency records in the admin",
             request.user,
@@ -419,6 +460,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     @admin.action(
         permissions=["delete"], description=_("Release stuck in-progress idempotency records")
     )
+    @reports_a_lost_database(_release_stopped)
     def release_stuck(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
     ) -> HttpResponse | None:
@@ -680,6 +722,8 @@ def _decoded(body: bytes, media_type: str, charset: str) -> str | None:
             return json.dumps(json.loads(body), indent=2, ensure_ascii=False)
         except ValueError:
             pass  # Not valid JSON after all: show it as text, or as binary.
+        except RecursionError:
+            pass  # Nested too deep to parse or indent within the stack: show it as stored.
     if media_type and not (looks_like_json or _is_text(media_type)):
         return None
     # A large body is only previewed, so decode just enough of it (4 bytes per character at most).

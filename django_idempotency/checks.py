@@ -43,6 +43,7 @@ UNSUPPORTED_DATABASE = "django_idempotency.E012"
 UNSHARED_CACHE = "django_idempotency.W001"
 SQLITE_IN_DEPLOYMENT = "django_idempotency.W002"
 DISABLED_IN_DEPLOYMENT = "django_idempotency.W003"
+TTL_SHORTER_THAN_LEASE = "django_idempotency.W004"
 
 TAG = "django_idempotency"
 
@@ -57,6 +58,7 @@ def check_settings(
     """Every IDEMPOTENCY_* value the app would reject at run time, and caches that cannot share."""
     return [
         *_durations(),
+        *_ttl_against_lease(),
         *_choices(),
         *_collections(),
         *_header(),
@@ -157,6 +159,22 @@ def _durations() -> Iterable[CheckMessage]:
                 hint=hint,
                 id=DURATION_OUT_OF_RANGE,
             )
+
+
+def _ttl_against_lease() -> Iterable[CheckMessage]:
+    try:
+        ttl, lease = conf.TTL, conf.LEASE
+    except (ImproperlyConfigured, ValueError, OverflowError):
+        return  # E001 says why.
+    if timedelta(0) < ttl < lease:
+        yield checks.Warning(
+            f"IDEMPOTENCY_TTL ({_seconds(ttl)}) is shorter than IDEMPOTENCY_LEASE"
+            f" ({_seconds(lease)}).",
+            hint="A running request keeps its key until its lease ends, even past the TTL, but"
+            " a response stored after the TTL has already expired: its retry runs the view"
+            " again. Keep IDEMPOTENCY_TTL above the longest run of a view (and the lease).",
+            id=TTL_SHORTER_THAN_LEASE,
+        )
 
 
 def _seconds(value: timedelta) -> str:

@@ -22,7 +22,7 @@ from django_idempotency.conf import (
     to_timedelta,
 )
 from django_idempotency.core.fingerprint import canonical_json, fingerprint
-from django_idempotency.core.keys import MAX_KEY_LENGTH
+from django_idempotency.core.keys import MAX_KEY_LENGTH, MAX_OWNER_LENGTH, InvalidKey
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.exceptions import KeyInProgress, KeyMismatch
 from django_idempotency.results import ResultSerializer, serializer_for
@@ -31,6 +31,10 @@ from django_idempotency.stores import ClaimRequest
 Func = TypeVar("Func", bound=Callable[..., Any])
 # Picks a value from the call's arguments: a parameter's name, or a callable taking them all.
 ArgumentPicker = str | Callable[..., Any]
+
+
+class InvalidOwner(ValueError):
+    """A call's owner that the record store cannot hold; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,7 @@ class CallArguments:
                 "naming the arguments that identify the work, or a callable returning JSON data."
             ) from exc
         return Call(
-            scope=Scope(namespace, str(owner), _checked_key(key, label)),
+            scope=Scope(namespace, _checked_owner(owner, label), _checked_key(key, label)),
             fingerprint=fingerprint(method, label, body),
             label=label,
             method=method,
@@ -220,12 +224,42 @@ class CallArguments:
 def _checked_key(key: Any, label: str) -> str:
     if isinstance(key, int) and not isinstance(key, bool):
         key = str(key)
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise ValueError(
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(
             f"The idempotency key of {label} must be a non-empty string of at most "
             f"{MAX_KEY_LENGTH} characters, not {key!r}: see mint_key() to derive one."
         )
-    return key
+    return _storable(key, "key", label, MAX_KEY_LENGTH, InvalidKey)
+
+
+def _checked_owner(owner: Any, label: str) -> str:
+    return _storable(str(owner), "owner", label, MAX_OWNER_LENGTH, InvalidOwner)
+
+
+def _storable(value: str, part: str, label: str, limit: int, error: type[ValueError]) -> str:
+    """`value` if the record's column can hold it on every database; else `error`, saying why.
+
+    Checked before the store is asked: PostgreSQL would refuse it with a DataError from deep
+    inside the claim, and SQLite would store what PostgreSQL cannot.
+    """
+    fix = f"derive the {part} from such values with mint_key(), which hashes them."
+    if len(value) > limit:
+        problem = f"is {len(value)} characters long; the limit is {limit}"
+    elif "\x00" in value:
+        problem = "contains a NUL character, which text columns cannot hold"
+    elif not _encodes(value):
+        problem = "is not valid Unicode (it holds a lone surrogate)"
+    else:
+        return value
+    raise error(f"The {part} of {label} {problem}: {fix}")
+
+
+def _encodes(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def lazy_serializer(

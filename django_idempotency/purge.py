@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
-from django_idempotency.stores import PurgeResult, get_store
+from django_idempotency.stores import PurgeResult, StoreUnavailable, get_store
 
 logger = logging.getLogger("django_idempotency")
 
@@ -39,13 +40,24 @@ def purge_expired_records(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     started = time.perf_counter()
-    result = get_store().purge(
-        timezone.now(),
-        batch_size=batch_size,
-        namespace=namespace,
-        dry_run=dry_run,
-        progress=progress,
-    )
+    done = PurgeResult()
+
+    def note_progress(result: PurgeResult) -> None:
+        nonlocal done
+        done = result
+        if progress is not None:
+            progress(result)
+
+    try:
+        result = get_store().purge(
+            timezone.now(),
+            batch_size=batch_size,
+            namespace=namespace,
+            dry_run=dry_run,
+            progress=note_progress,
+        )
+    except (StoreUnavailable, OperationalError, InterfaceError) as exc:
+        raise unreachable(exc, done) from exc
     report = PurgeReport(
         expired=result.expired,
         abandoned=result.abandoned,
@@ -67,6 +79,17 @@ def purge_expired_records(
     )
     observe_purge(report)
     return report
+
+
+def unreachable(exc: Exception, done: PurgeResult) -> StoreUnavailable:
+    """The error for a purge cut short by a lost database: what happened, what went, what to do."""
+    # Each batch commits on its own, so the batches before the loss stay purged.
+    reason = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
+    so_far = f"{_count(done.total, 'record')} purged before it was lost. " if done.batches else ""
+    return StoreUnavailable(
+        f"The database holding idempotency records cannot be reached: {reason}. "
+        f"{so_far}Retry the purge when the database is back."
+    )
 
 
 def observe_purge(report: PurgeReport) -> None:

@@ -17,6 +17,7 @@ from django_idempotency.exceptions import DeliveryRejected
 from django_idempotency.http.requests import django_request
 
 DEFAULT_TOLERANCE = timedelta(minutes=5)
+MAX_TIMESTAMP_DIGITS = 11
 
 
 class StandardWebhooks:
@@ -46,10 +47,7 @@ class StandardWebhooks:
             raise DeliveryRejected(
                 "The delivery lacks a webhook-id, webhook-timestamp or webhook-signature header."
             )
-        try:
-            sent_at = int(timestamp)
-        except ValueError:
-            raise DeliveryRejected("The webhook-timestamp header is not a Unix time.") from None
+        sent_at = _unix_time(timestamp)
         skew = abs(time.time() - sent_at)
         if skew > self.tolerance:
             raise DeliveryRejected(
@@ -75,6 +73,17 @@ class StandardWebhooks:
             except (binascii.Error, ValueError):
                 continue
         raise DeliveryRejected("No signature matches: check the endpoint's signing secret.")
+
+
+def _unix_time(timestamp: str) -> int:
+    # Plain ASCII digits only: int() also takes signs, "_", spaces and 400-digit numbers, and the
+    # last overflow the float arithmetic below. 11 digits reach the year 5138, inside datetime.
+    if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= MAX_TIMESTAMP_DIGITS):
+        raise DeliveryRejected(
+            "The webhook-timestamp header is not a Unix time: it must be whole seconds since "
+            "1970, in plain digits. Check the sender follows Standard Webhooks."
+        )
+    return int(timestamp)
 
 
 def _signer(secret: str) -> Any:

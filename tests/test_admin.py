@@ -9,6 +9,7 @@ from datetime import timezone as dt_timezone
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client, override_settings
@@ -22,6 +23,7 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import PurgeResult, StoreUnavailable, get_store
 from django_idempotency.stores.database import DatabaseStore
 from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.utils import lose_database
 
 pytestmark = pytest.mark.django_db
 
@@ -283,7 +285,7 @@ def test_search(admin_client: Client, term: str, keys: set[str]) -> None:
 
 
 def test_the_date_hierarchy_offers_the_days_and_filters_by_day(admin_client: Client) -> None:
-    today = timezone.localtime()
+    today = timezone.localtime() if settings.USE_TZ else timezone.now()
     yesterday = today - timedelta(days=1)
     IdempotencyRecordFactory(key="yesterday", created_at=yesterday)
     IdempotencyRecordFactory(key="today", created_at=today)
@@ -305,9 +307,15 @@ def test_the_date_hierarchy_offers_the_days_and_filters_by_day(admin_client: Cli
     assert by_day.context["calendar_hierarchy"]["choices"] == [{"title": today.strftime("%B %-d")}]
 
 
+def _noon(year: int, month: int, day: int) -> datetime:
+    """Noon UTC, aware or naive as USE_TZ has datetimes (the suite also runs with USE_TZ=0)."""
+    moment = datetime(year, month, day, 12, tzinfo=dt_timezone.utc)
+    return moment if settings.USE_TZ else timezone.make_naive(moment)
+
+
 def test_the_date_hierarchy_levels(admin_client: Client) -> None:
-    IdempotencyRecordFactory(created_at=datetime(2023, 11, 30, 12, tzinfo=dt_timezone.utc))
-    IdempotencyRecordFactory(created_at=datetime(2024, 2, 10, 12, tzinfo=dt_timezone.utc))
+    IdempotencyRecordFactory(created_at=_noon(2023, 11, 30))
+    IdempotencyRecordFactory(created_at=_noon(2024, 2, 10))
 
     years = admin_client.get(CHANGELIST).context["calendar_hierarchy"]
     months = admin_client.get(f"{CHANGELIST}?created_at__year=2024").context["calendar_hierarchy"]
@@ -318,9 +326,7 @@ def test_the_date_hierarchy_levels(admin_client: Client) -> None:
         "calendar_hierarchy"
     ]
 
-    IdempotencyRecord.objects.filter(created_at__year=2023).update(
-        created_at=datetime(2024, 1, 5, 12, tzinfo=dt_timezone.utc)
-    )
+    IdempotencyRecord.objects.filter(created_at__year=2023).update(created_at=_noon(2024, 1, 5))
     one_year = admin_client.get(CHANGELIST).context["calendar_hierarchy"]
 
     assert [c["title"] for c in years["choices"]] == ["2023", "2024"]
@@ -529,6 +535,18 @@ def test_render_body_calls_a_huge_undecodable_body_binary() -> None:
     assert "bytes of text/plain" in record_admin.render_body(body, "text/plain")
 
 
+@pytest.mark.parametrize("depth", [100_000, 2_000])
+def test_a_deeply_nested_json_body_is_shown_raw(admin_client: Client, depth: int) -> None:
+    # Too deep to parse (or to indent) within Python's recursion limit: shown as stored.
+    record = IdempotencyRecordFactory(response_body=b"[" * depth + b"]" * depth)
+
+    response = admin_client.get(detail_url(record))
+
+    assert response.status_code == 200
+    shown = "[" * min(depth, record_admin.BODY_PREVIEW_CHARS)
+    assert f'<pre class="idempotency-body">{shown}' in response.content.decode()
+
+
 def test_an_in_progress_record_has_no_body_or_headers(admin_client: Client) -> None:
     record = IdempotencyRecordFactory(in_progress=True)
 
@@ -731,9 +749,90 @@ def test_purge_expired_when_the_store_is_down(admin_client: Client) -> None:
     response = confirm(admin_client, "purge_expired")
 
     assert messages_of(response) == [
-        "Nothing was purged: the store is unavailable (connection refused). Try again."
+        "The purge stopped: the database holding idempotency records cannot be reached "
+        "(connection refused). Try again when it is back; records already purged stay purged."
     ]
     assert IdempotencyRecord.objects.count() == 1
+
+
+class LostDatabase:
+    """Loses the real database the moment the admin calls one of its own functions.
+
+    Nothing is faked: the function and everything after it run against a database that is not
+    there. The hook only times the loss to the middle of the request, after Django loaded the
+    session and the user (which a database lost from the start would fail on first).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+        self.original: dict[str, Any] = {}
+
+    def when_calling(self, name: str) -> None:
+        real = getattr(record_admin, name)
+
+        def losing(*args: Any, **kwargs: Any) -> Any:
+            if not self.original:
+                self.original = lose_database(connection)
+            return real(*args, **kwargs)
+
+        self.monkeypatch.setattr(record_admin, name, losing)
+
+    def restore(self) -> None:
+        if self.original:
+            connection.close()
+            connection.settings_dict.clear()
+            connection.settings_dict.update(self.original)
+            self.original = {}
+
+
+@pytest.fixture
+def lost_database(monkeypatch: pytest.MonkeyPatch) -> Iterator[LostDatabase]:
+    lost = LostDatabase(monkeypatch)
+    yield lost
+    lost.restore()
+
+
+def superuser_client() -> Client:
+    client = Client()
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    return client
+
+
+LOST = "the database holding idempotency records cannot be reached"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("action", "lost_in", "asking"),
+    [
+        ("purge_selected", "delete_and_forget", False),
+        ("purge_expired", "get_store", True),
+        ("purge_expired", "get_store", False),
+        ("release_stuck", "_stuck", True),
+        ("release_stuck", "_stuck", False),
+    ],
+)
+def test_a_lost_database_is_a_message_and_a_redirect_back_never_a_500(
+    lost_database: LostDatabase, action: str, lost_in: str, asking: bool
+) -> None:
+    records = [expired(), stuck()]
+    client = superuser_client()
+    lost_database.when_calling(lost_in)
+    url = f"{CHANGELIST}?expired=yes"
+    data: dict[str, Any] = {"action": action, "_selected_action": [r.pk for r in records]}
+    data.update({"index": "0"} if asking else {"post": "yes"})
+
+    response = client.post(url, data)
+
+    assert response.status_code == 302
+    assert response.url == url  # Back where the user was, filters kept.
+    lost_database.restore()
+    [message] = list(client.get(response.url).context["messages"])
+    noun, done = ("release", "released") if action == "release_stuck" else ("purge", "purged")
+    assert message.level_tag == "error"
+    assert str(message).startswith(f"The {noun} stopped: {LOST} (")
+    assert str(message).endswith(f"Try again when it is back; records already {done} stay {done}.")
+    assert IdempotencyRecord.objects.count() == 2
 
 
 def test_release_stuck_asks_first(admin_client: Client) -> None:

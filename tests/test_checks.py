@@ -44,6 +44,7 @@ E012 = "django_idempotency.E012"
 W001 = "django_idempotency.W001"
 W002 = "django_idempotency.W002"
 W003 = "django_idempotency.W003"
+W004 = "django_idempotency.W004"
 DEPLOY_ONLY = {W002, W003}
 
 SHARED_CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:9/0"}
@@ -280,6 +281,12 @@ FIRES = [
         id="W002",
     ),
     pytest.param(W003, {"IDEMPOTENCY_ENABLED": False}, ["IDEMPOTENCY_ENABLED = False"], id="W003"),
+    pytest.param(
+        W004,
+        {"IDEMPOTENCY_TTL": 30, "IDEMPOTENCY_LEASE": 60},
+        ["IDEMPOTENCY_TTL (30 seconds)", "IDEMPOTENCY_LEASE (60 seconds)"],
+        id="W004",
+    ),
 ]
 
 SILENT = [
@@ -346,6 +353,7 @@ SILENT = [
     ),
     pytest.param(W002, {"IDEMPOTENCY_STORE": "tests.test_checks.MemoryStore"}, id="W002-store"),
     pytest.param(W003, {"IDEMPOTENCY_ENABLED": True}, id="W003"),
+    pytest.param(W004, {"IDEMPOTENCY_TTL": 60, "IDEMPOTENCY_LEASE": 60}, id="W004"),
 ]
 
 

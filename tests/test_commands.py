@@ -143,3 +143,28 @@ def test_the_help_lists_the_options() -> None:
 
     for option in ("--dry-run", "--batch-size N", "--namespace NS"):
         assert option in usage
+
+
+@pytest.mark.usefixtures("database_down")
+def test_a_lost_database_is_a_clear_error_not_a_traceback() -> None:
+    with pytest.raises(CommandError) as error:
+        _purge()
+
+    message = str(error.value)
+    assert message.startswith("The database holding idempotency records cannot be reached: ")
+    assert message.endswith("Retry the purge when the database is back.")
+
+
+@pytest.mark.usefixtures("database_down")
+def test_from_the_command_line_a_lost_database_exits_non_zero(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    command = load_command_class("django_idempotency", "idempotency_purge")
+
+    with pytest.raises(SystemExit) as exit_:
+        command.run_from_argv(["manage.py", "idempotency_purge"])
+
+    assert exit_.value.code == 1
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("CommandError: The database holding idempotency records cannot be")
+    assert "Traceback" not in stderr

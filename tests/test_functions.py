@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import enum
+import math
 import threading
 import time
 from collections import Counter
@@ -18,6 +21,7 @@ from django.test import override_settings
 from django_idempotency import idempotent_function, mint_key, signals
 from django_idempotency.exceptions import KeyInProgress, KeyMismatch, StoreUnavailable
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.results import JSONSerializer
 from tests.models import Charge
 
 
@@ -256,7 +260,7 @@ def test_bad_keys_and_declarations_fail_clearly() -> None:
 
     with pytest.raises(ValueError, match="non-empty string"):
         g("")
-    with pytest.raises(ValueError, match="at most 255"):
+    with pytest.raises(ValueError, match="the limit is 255"):
         g("x" * 256)
     with pytest.raises(ImproperlyConfigured, match="mode must be one of"):
         idempotent_function(key="reference", mode="eager")  # type: ignore[arg-type]
@@ -338,3 +342,164 @@ def test_twenty_threads_rejecting_run_once_and_the_rest_are_told_it_is_in_progre
     assert kinds["result"] >= 1
     assert kinds["result"] + kinds["KeyInProgress"] == THREADS, kinds
     assert slow_rejecting_charge("race-reject") == charge_id
+
+
+# Keys and owners the database could not store are refused before it is asked.
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("reference", "tenant", "error"),
+    [
+        ("a\x00b", "acme", "key of tests.test_functions.tenant_charge contains a NUL"),
+        ("\ud800", "acme", "key of tests.test_functions.tenant_charge is not valid Unicode"),
+        ("x" * 256, "acme", "key of tests.test_functions.tenant_charge is 256 characters long"),
+        ("r", "ac\x00me", "owner of tests.test_functions.tenant_charge contains a NUL"),
+        ("r", "\udfff", "owner of tests.test_functions.tenant_charge is not valid Unicode"),
+        ("r", "t" * 256, "owner of tests.test_functions.tenant_charge is 256 characters long"),
+    ],
+    ids=["nul-key", "surrogate-key", "long-key", "nul-owner", "surrogate-owner", "long-owner"],
+)
+def test_a_key_or_owner_the_database_cannot_store_is_refused_before_it_is_asked(
+    reference: str,
+    tenant: str,
+    error: str,
+    django_assert_num_queries: Any,
+) -> None:
+    with django_assert_num_queries(0), pytest.raises(ValueError, match=error) as refused:
+        tenant_charge(reference, tenant)
+
+    assert "mint_key()" in str(refused.value)  # What to do about it.
+    assert not IdempotencyRecord.objects.exists()
+    assert not Charge.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_longest_key_and_owner_are_accepted() -> None:
+    @idempotent_function(key="reference", owner="tenant", namespace="longest")
+    def count(reference: str, tenant: str) -> int:
+        return Charge.objects.create(reference="longest", amount=1).pk
+
+    first = count("k" * 255, "o" * 255)
+
+    assert count("k" * 255, "o" * 255) == first
+    assert Charge.objects.count() == 1
+
+
+# A replay returns what the first call returned: same values, same types.
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+
+
+@dataclass
+class Point:
+    x: int
+    y: int
+
+
+@dataclass
+class Route:
+    points: tuple[Point, ...]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        ((1, 2), "The result is of type tuple but would replay as list"),
+        ({"ids": (1, 2)}, r"The result\['ids'\] is of type tuple but would replay as list"),
+        ({1: "one"}, "The result has the key 1 of type int; a replay has only str keys"),
+        ([{None: 1}], r"The result\[0\] has the key None of type NoneType"),
+        (Colour.RED, "The result is of type Colour but would replay as int"),
+        (Point(1, 2), "The result is of type Point but would replay as dict"),
+        (Route((Point(1, 2),)), "The result is of type Route but would replay as dict"),
+        (
+            collections.OrderedDict(a=1),
+            "The result is of type OrderedDict but would replay as dict",
+        ),
+    ],
+    ids=["tuple", "nested-tuple", "int-key", "none-key", "int-enum", "dataclass", "route", "od"],
+)
+def test_a_result_that_would_replay_differently_is_refused_at_the_first_call(
+    result: Any, error: str
+) -> None:
+    @idempotent_function(key="reference", namespace="unfaithful")
+    def unfaithful(reference: str) -> Any:  # No annotation to rebuild a dataclass from.
+        Charge.objects.create(reference=reference, amount=1)
+        return result
+
+    with pytest.raises(TypeError, match=error) as refused:
+        unfaithful("r-1")
+
+    assert "serializer=" in str(refused.value)
+    assert not IdempotencyRecord.objects.exists()  # Released: a fixed function runs again.
+    assert not Charge.objects.exists()  # Atomic mode rolled the function's write back.
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dataclass_field_that_would_replay_differently_is_refused() -> None:
+    @idempotent_function(key="reference", mode="lease")
+    def route(reference: str) -> Route:
+        Charge.objects.create(reference=reference, amount=1)
+        return Route(points=(Point(1, 2),))
+
+    with pytest.raises(
+        TypeError, match=r"The result.points is of type tuple but would replay as list"
+    ):
+        route("r-2")
+
+    assert not IdempotencyRecord.objects.exists()  # Released in lease mode too.
+    assert Charge.objects.count() == 1  # Lease mode cannot undo the function's write.
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "result",
+    [
+        None,
+        True,
+        0,
+        -1.5,
+        float("inf"),
+        "text \x00 with a NUL",
+        [1, 2.0, "3", None, False],
+        {"nested": {"list": [{"a": 1}], "empty": {}}},
+    ],
+    ids=repr,
+)
+def test_json_results_replay_with_the_same_values_and_types(result: Any) -> None:
+    calls = Counter[str]()
+
+    @idempotent_function(key="reference")
+    def plain(reference: str) -> Any:
+        calls[reference] += 1
+        return result
+
+    first = plain("r-3")
+    replay = plain("r-3")
+
+    assert calls["r-3"] == 1
+    assert replay == first == result
+    assert repr(replay) == repr(result)  # Same types all the way down (1 is not 1.0).
+
+
+@pytest.mark.django_db
+def test_a_nan_result_replays_as_nan() -> None:
+    @idempotent_function(key="reference")
+    def ratio(reference: str) -> float:
+        return math.nan
+
+    assert math.isnan(ratio("r-4"))
+    assert math.isnan(ratio("r-4"))
+
+
+@pytest.mark.django_db
+def test_a_lenient_json_serializer_accepts_what_replays_differently() -> None:
+    @idempotent_function(key="reference", serializer=JSONSerializer(strict=False))
+    def pair(reference: str) -> tuple[int, int]:
+        return (1, 2)
+
+    assert pair("r-5") == (1, 2)
+    assert pair("r-5") == [1, 2]  # The JSON form, as asked for.

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.test import Client, override_settings
+from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import IdempotencyRecordFactory
@@ -151,7 +153,7 @@ def test_store_unreachable_is_503_and_the_view_does_not_run(
 
 def test_expired_record_starts_a_new_request(client: Client, view_kind: ViewKind) -> None:
     post(client, view_kind.url)
-    IdempotencyRecord.objects.update(expires_at="2000-01-01T00:00:00Z")
+    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(days=1))
 
     again = post(client, view_kind.url)
 

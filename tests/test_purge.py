@@ -7,12 +7,14 @@ import logging
 from datetime import datetime, timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.purge import PurgeReport, purge_expired_records
-from django_idempotency.stores import PurgeResult
+from django_idempotency.stores import PurgeResult, StoreUnavailable
 from tests.factories import IdempotencyRecordFactory
+from tests.utils import lose_database
 
 pytestmark = pytest.mark.django_db
 
@@ -48,17 +50,26 @@ def _remaining() -> set[int]:
 def test_expired_records_and_abandoned_claims_are_purged_and_counted_apart() -> None:
     _make_expired(3)
     _make_abandoned(2)
-    # An in-progress claim past its expiry was abandoned too, even with its lease still running.
-    IdempotencyRecordFactory(in_progress=True, expires_at=_past())
     live = _make_live()
 
     report = purge_expired_records()
 
-    assert (report.expired, report.abandoned, report.total) == (3, 3, 6)
+    assert (report.expired, report.abandoned, report.total) == (3, 2, 5)
     assert report.batches == 1
     assert report.dry_run is False
     assert report.seconds >= 0
     assert _remaining() == live
+
+
+def test_a_live_lease_is_kept_past_its_expiry() -> None:
+    # A TTL shorter than the lease: the request holding the key may still be running, and
+    # deleting its claim would let a retry run the work a second time.
+    running = IdempotencyRecordFactory(in_progress=True, expires_at=_past())
+
+    report = purge_expired_records()
+
+    assert report.total == 0
+    assert IdempotencyRecord.objects.get() == running
 
 
 def test_nothing_to_purge_reports_zero_and_keeps_everything() -> None:
@@ -185,3 +196,32 @@ def test_the_report_is_a_frozen_value() -> None:
     assert isinstance(report, PurgeReport)
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.total = 1  # type: ignore[misc]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_lost_mid_purge_says_what_went_and_what_to_do() -> None:
+    _make_expired(5)
+    original: dict[str, object] = {}
+
+    def lose_after_the_first_batch(result: PurgeResult) -> None:
+        original.update(lose_database(connection))
+
+    try:
+        with pytest.raises(StoreUnavailable) as error:
+            purge_expired_records(batch_size=2, progress=lose_after_the_first_batch)
+    finally:
+        connection.close()
+        connection.settings_dict.update(original)
+
+    message = str(error.value)
+    assert message.startswith("The database holding idempotency records cannot be reached: ")
+    assert message.endswith(
+        "2 records purged before it was lost. Retry the purge when the database is back."
+    )
+    assert IdempotencyRecord.objects.count() == 3  # The committed batch stays purged.
+
+
+@pytest.mark.usefixtures("database_down")
+def test_a_lost_database_is_store_unavailable() -> None:
+    with pytest.raises(StoreUnavailable, match="Retry the purge when the database is back"):
+        purge_expired_records()

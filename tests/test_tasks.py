@@ -14,13 +14,16 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.signals import task_success
+from celery.signals import task_retry, task_success
+from django.db import connection
 from django.utils import timezone
 
 from django_idempotency import tasks
+from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyRecord
 from tests.celery_app import BEAT_SCHEDULE, PURGE_ENTRY
 from tests.factories import IdempotencyRecordFactory
+from tests.utils import lose_database
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = "django_idempotency.tasks.purge_expired_records"
@@ -74,6 +77,51 @@ def test_the_task_returns_the_report_as_json() -> None:
         "dry_run": False,
     }
     assert json.loads(json.dumps(result)) == result
+
+
+@pytest.mark.usefixtures("database_down")
+def test_a_lost_database_is_retried_with_a_growing_countdown_then_reported() -> None:
+    countdowns: list[float] = []
+
+    def collect(sender: Any, reason: Any, **kwargs: Any) -> None:
+        if sender.name == TASK:
+            countdowns.append(reason.when)
+
+    task_retry.connect(collect, weak=False)
+    try:
+        # apply() runs each retry at once, in this process, instead of after its countdown.
+        result = tasks.purge_expired_records.apply()
+    finally:
+        task_retry.disconnect(collect)
+
+    assert countdowns == [60, 120, 240, 480, 900]  # Bounded: five retries, at most 15 minutes.
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, StoreUnavailable)
+    assert "Retry the purge when the database is back" in str(result.result)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("worker")
+@pytest.mark.celery
+@pytest.mark.redis
+def test_a_purge_that_found_the_database_down_runs_again_once_it_is_back(
+    celery_app: Celery, records: dict[str, set[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tasks, "RETRY_DELAY", 1)
+    original = lose_database(connection)
+    try:
+        result = celery_app.send_task(TASK)
+        deadline = time.monotonic() + 20
+        while result.state != "RETRY" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert result.state == "RETRY", result.state
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(original)
+
+    assert _counts(result.get(timeout=30))["total"] == 7
+    assert _remaining() == records["live"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -157,3 +157,44 @@ def test_the_secret_may_be_read_on_each_delivery() -> None:
 def test_an_unusable_secret_fails_at_start_up() -> None:
     with pytest.raises(ImproperlyConfigured, match="signing secret"):
         StandardWebhooks("")
+
+
+def deliver_with_timestamp(client: Client, timestamp: str) -> Any:
+    """A delivery correctly signed for now, whose webhook-timestamp header reads `timestamp`."""
+    payload = json.dumps({"id": "evt_8", "amount": 1})
+    signed = Webhook(WEBHOOK_SECRET).sign("msg_8", datetime.now(tz=timezone.utc), payload)
+    return client.post(
+        URL,
+        payload,
+        content_type="application/json",
+        headers={
+            "webhook-id": "msg_8",
+            "webhook-timestamp": timestamp,
+            "webhook-signature": signed,
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "timestamp",
+    [
+        "4" * 400,  # Too large for a float: once an OverflowError and a 500.
+        "-" + "4" * 400,
+        "9" * 5000,  # Beyond Python's int-from-string digit limit.
+        "-1",
+        "1e9",
+        "1700000000.5",
+        "0x65a0bc00",
+    ],
+)
+def test_a_timestamp_that_is_not_whole_unix_seconds_is_rejected(
+    client: Client, timestamp: str
+) -> None:
+    assert_rejected(deliver_with_timestamp(client, timestamp), "not a Unix time")
+
+
+@pytest.mark.parametrize("spelling", ["+{now}", "{now:_}", " {now}", "{now:013d}"])
+def test_only_plain_digits_count_as_a_timestamp(client: Client, spelling: str) -> None:
+    # int() accepts these spellings; the Standard Webhooks format is plain digits only.
+    timestamp = spelling.format(now=int(time.time()))
+    assert_rejected(deliver_with_timestamp(client, timestamp), "not a Unix time")

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_idempotency.purge import PurgeReport, purge_expired_records
-from django_idempotency.stores import PurgeResult
+from django_idempotency.stores import PurgeResult, StoreUnavailable
 
 
 def positive_int(value: str) -> int:
@@ -56,12 +56,15 @@ class Command(BaseCommand):
                 f"--batch-size must be a positive whole number (e.g. 1000), not {batch_size!r}."
             )
         verbosity = options["verbosity"]
-        report = purge_expired_records(
-            batch_size=batch_size,
-            namespace=options["namespace"],
-            dry_run=options["dry_run"],
-            progress=self._show_progress if verbosity >= 2 else None,
-        )
+        try:
+            report = purge_expired_records(
+                batch_size=batch_size,
+                namespace=options["namespace"],
+                dry_run=options["dry_run"],
+                progress=self._show_progress if verbosity >= 2 else None,
+            )
+        except StoreUnavailable as exc:  # An outage, not a bug: one line and exit status 1.
+            raise CommandError(str(exc)) from exc
         if verbosity >= 1:
             self.stdout.write(summary(report, options["namespace"]))
 
