@@ -523,3 +523,16 @@ def test_a_result_the_store_refuses_releases_the_lease(settings: Any) -> None:
     assert first.status_code == 200
     assert IdempotencyRecord.objects.count() == 0
     assert "Idempotent-Replayed" not in Client().post("/answers/", headers=headers)
+
+
+def test_a_form_too_large_for_drfs_csrf_check_is_413(settings: Any) -> None:
+    # SessionAuthentication's CSRF check reads the form before the guard runs.
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(UserFactory())
+    client.cookies["csrftoken"] = "a" * 32
+
+    response = send_form(client, "POST", {"note": "x" * 500}, url="/viewset/charges/")
+
+    assert_problem(response, 413, "request-too-large")
+    assert Charge.objects.count() == 0

@@ -100,17 +100,8 @@ class Guard:
             return problems.problem_response(problems.INVALID_KEY, str(exc))
         try:
             request_fingerprint = conf.FINGERPRINT(self.request)
-        except RequestDataTooBig:
-            return problems.problem_response(
-                problems.REQUEST_TOO_LARGE, "The request body exceeds the server's upload limit."
-            )
-        except (MultiPartParserError, UnreadablePostError, UnreadableBody) as exc:
-            return problems.problem_response(problems.MALFORMED_REQUEST, str(exc))
-        except TooManyFieldsSent:
-            return problems.problem_response(
-                problems.MALFORMED_REQUEST,
-                "The request has more form fields than the server accepts: send fewer.",
-            )
+        except BODY_ERRORS as exc:
+            return body_problem(exc)
         try:
             # Loading the session or the user may be the request's first query.
             owner = on_a_live_connection(lambda: conf.OWNER_RESOLVER(self.request))
@@ -207,6 +198,30 @@ class Guard:
         """The view raised: give the key back."""
         if self.attempt is not None:
             self.attempt.abort()
+
+
+# What reading a body for its fingerprint may raise, all of them the client's to correct.
+BODY_ERRORS = (
+    RequestDataTooBig,
+    TooManyFieldsSent,
+    MultiPartParserError,
+    UnreadablePostError,
+    UnreadableBody,
+)
+
+
+def body_problem(exc: Exception) -> HttpResponse:
+    """The problem answering a body that cannot be read or compared (one of BODY_ERRORS)."""
+    if isinstance(exc, RequestDataTooBig):
+        return problems.problem_response(
+            problems.REQUEST_TOO_LARGE, "The request body exceeds the server's upload limit."
+        )
+    if isinstance(exc, TooManyFieldsSent):
+        return problems.problem_response(
+            problems.MALFORMED_REQUEST,
+            "The request has more form fields than the server accepts: send fewer.",
+        )
+    return problems.problem_response(problems.MALFORMED_REQUEST, str(exc))
 
 
 def _unavailable() -> HttpResponse:

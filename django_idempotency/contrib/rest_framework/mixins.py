@@ -8,6 +8,7 @@ from typing import Any
 
 from django_idempotency.conf import Mode, OnConflict, conf
 from django_idempotency.decorators import guarded
+from django_idempotency.http.guard import BODY_ERRORS, body_problem
 from django_idempotency.http.options import Options
 from django_idempotency.stores.connections import on_a_live_connection
 
@@ -40,6 +41,14 @@ class IdempotencyMixin:
         # Loading the session and the user is most often a request's first query: a connection
         # a database restart left dead (CONN_MAX_AGE) is replaced here, not answered with a 500.
         on_a_live_connection(lambda: super(IdempotencyMixin, self).perform_authentication(request))  # type: ignore[misc]
+
+    def handle_exception(self, exc: Exception) -> Any:
+        # DRF's CSRF check reads a form before the guard does: a body too large or with too many
+        # fields is still a problem+json answer on a guarded method, not Django's HTML 400.
+        method = getattr(getattr(self, "request", None), "method", None)
+        if isinstance(exc, BODY_ERRORS) and method in self.get_idempotent_methods():
+            return body_problem(exc)
+        return super().handle_exception(exc)  # type: ignore[misc]
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         # Authentication, permissions and throttles run first: a replay never skips them.
