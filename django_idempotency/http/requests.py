@@ -53,11 +53,31 @@ def request_fingerprint(request: Any) -> str:
         raw = _readable_body(http_request)
         if raw is not None:
             body = canonical_body(media_type, raw, ignore)
-        elif is_json_media_type(media_type) and request is not http_request:
-            body = canonical_json(request.data)  # A DRF parser consumed the stream.
+        elif request is not http_request:  # A DRF parser consumed the stream.
+            body = _canonical_parsed(media_type, request.data)
         else:
             body = b""
     return fingerprint(http_request.method or "", http_request.get_full_path(), body)
+
+
+def _canonical_parsed(media_type: str, data: Any) -> bytes:
+    """What a DRF parser made of a body whose bytes are gone, in canonical form."""
+    ignore = conf.FINGERPRINT_IGNORE_FIELDS
+    if isinstance(data, bytes):  # A raw parser's output is the body itself.
+        return canonical_body(media_type, data, ignore)
+    if is_json_media_type(media_type) and isinstance(data, dict) and ignore:
+        data = {name: item for name, item in data.items() if name not in ignore}
+    try:
+        return canonical_json(data)
+    except (TypeError, ValueError):  # Not JSON data: its text is the best there is.
+        return repr(data).encode()
+
+
+def keep_body_readable(http_request: HttpRequest) -> None:
+    """Read and keep a body that fits in memory before a parser may consume its stream (DRF's
+    CSRF check parses `request.data`), so the fingerprint sees its exact bytes."""
+    if not _stream_read(http_request) and _fits_in_memory(http_request):
+        http_request.body  # noqa: B018 - reading it is the point.
 
 
 def _readable_body(http_request: HttpRequest) -> bytes | None:

@@ -10,6 +10,7 @@ from django_idempotency.conf import Mode, OnConflict, conf
 from django_idempotency.decorators import guarded
 from django_idempotency.http.guard import BODY_ERRORS, body_problem
 from django_idempotency.http.options import Options
+from django_idempotency.http.requests import keep_body_readable
 from django_idempotency.stores.connections import on_a_live_connection
 
 # The mixin's handlers take every option from the view's attributes and the settings.
@@ -38,6 +39,8 @@ class IdempotencyMixin:
         return frozenset(m.upper() for m in ([methods] if isinstance(methods, str) else methods))
 
     def perform_authentication(self, request: Any) -> None:
+        if request.method in self.get_idempotent_methods():
+            keep_body_readable(request._request)
         # Loading the session and the user is most often a request's first query: a connection
         # a database restart left dead (CONN_MAX_AGE) is replaced here, not answered with a 500.
         on_a_live_connection(lambda: super(IdempotencyMixin, self).perform_authentication(request))  # type: ignore[misc]
