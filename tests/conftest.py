@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,19 @@ def pytest_report_header(config: pytest.Config) -> str:
 
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     return f"database: {engine} (PostgreSQL-only tests run only on postgresql)"
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """Name SQLite's test database file after the process that sets it up, not the one that
+    imported the settings: processes forked after import (xdist workers, mutation testing) or
+    tox envs side by side never share, and so never wipe, one file."""
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"].endswith("sqlite3"):
+        name = f"django-idempotency-test-{os.getpid()}.sqlite3"
+        database.setdefault("TEST", {})["NAME"] = os.path.join(tempfile.gettempdir(), name)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 import dj_database_url
 
@@ -53,14 +52,9 @@ DATABASES = {
         os.environ.get("DATABASE_URL") or "sqlite:///test-idempotency.sqlite3"
     ),
 }
-if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # A file, not memory: connections can then be closed, reopened and shared across threads.
-    # One file per process, so tox envs running side by side never share it.
-    DATABASES["default"]["TEST"] = {
-        "NAME": os.path.join(
-            tempfile.gettempdir(), f"django-idempotency-test-{os.getpid()}.sqlite3"
-        )
-    }
+# SQLite's test database is a file, not memory (connections can then be closed, reopened and
+# shared across threads), named per process when the test database is set up: see
+# django_db_modify_db_settings in tests/conftest.py.
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],

@@ -531,3 +531,59 @@ def test_custom_fingerprint_setting_is_used(client: Client) -> None:
 
     assert_replay(first, retry)
     assert Charge.objects.get().amount == 10
+
+
+# Golden values: a change to any of them changes the fingerprint of every stored request of that
+# kind (a retry sent across the upgrade would get 422). Change one only on purpose, with a
+# changelog entry saying which requests it affects.
+
+GOLDEN = [
+    pytest.param(
+        "application/json",
+        b'{"b": [1, 1.50, "\\u00e9"], "a": {"z": null, "y": true}}',
+        b'{"a":{"y":true,"z":null},"b":[1,1.5,"\xc3\xa9"]}',
+        "2741a32c745bae2f79ac221b895a59c854648e3aeea4e555f2dbc475ae4e03b5",
+        id="json",
+    ),
+    pytest.param(
+        FORM,
+        b"to=mallory&amount=10&to=alice&note=a+b",
+        b"amount=10&note=a+b&to=mallory&to=alice",
+        "8903544959d4f23e995f75ceb2587913950dc104d253e2ac42c7ad3e6d8873ad",
+        id="urlencoded",
+    ),
+    pytest.param(
+        "application/octet-stream",
+        b"\x00\x01raw",
+        b"\x00\x01raw",
+        "34f703a805d2fbf5e320c9f3507684280db3c1d269e97e3be671ed642817eff3",
+        id="octet-stream",
+    ),
+    pytest.param(
+        "", b"", b"", "4dc5270834c7ff4e13a6b46c15442957e56072dfcd7387ae56753652ac3a150f", id="none"
+    ),
+]
+
+
+@pytest.mark.parametrize(("media_type", "body", "canonical", "digest"), GOLDEN)
+def test_fingerprints_are_pinned_per_content_type(
+    media_type: str, body: bytes, canonical: bytes, digest: str
+) -> None:
+    assert canonical_body(media_type, body) == canonical
+    assert fingerprint("POST", "/pay/?x=1", canonical) == digest
+
+
+def test_the_multipart_fingerprint_is_pinned() -> None:
+    receipt = hashlib.sha256(b"receipt").hexdigest()
+    canonical = canonical_multipart(
+        [("to", "b"), ("amount", "10"), ("to", "a")], [("receipt", "r.txt", receipt)]
+    )
+
+    assert canonical == (
+        b'{"fields":[["amount","10"],["to","b"],["to","a"]],'
+        b'"files":[["receipt","r.txt","' + receipt.encode() + b'"]]}'
+    )
+    assert (
+        fingerprint("POST", "/pay/?x=1", canonical)
+        == "ca2e11400feefc7249b9da75f747ddeacf2dfdcdfa94f2ff51a33985c3f83f78"
+    )

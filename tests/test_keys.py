@@ -332,9 +332,12 @@ def test_mint_key_without_parts_is_a_value_error() -> None:
 
 
 @pytest.mark.parametrize("blank", ["", " ", "\t\n"])
-def test_blank_part_is_a_value_error(blank: str) -> None:
-    with pytest.raises(ValueError, match="must not be blank"):
-        mint_key("order-42", blank)
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_blank_part_is_a_value_error_wherever_it_stands(blank: str, position: int) -> None:
+    parts = ["order-42", "refund", "3"]
+    parts[position] = blank
+    with pytest.raises(ValueError, match=re.escape("mint_key() parts must not be blank.")):
+        mint_key(*parts)
 
 
 @given(st.lists(st.text(min_size=1).filter(str.strip), min_size=1, max_size=5), st.text())
