@@ -24,6 +24,11 @@ def positive_int(value: str) -> int:
 
 
 class Command(BaseCommand):
+    # A maintenance command run from cron: the system checks would query the database first
+    # (Django 6 checks JSONField support on it) and answer a lost database with a traceback
+    # instead of this command's own message. `manage.py check` runs them.
+    requires_system_checks: list[str] = []
+
     help = (
         "Delete expired idempotency records and abandoned in-progress claims, in short batches "
         "so live requests are not held up."
