@@ -228,8 +228,12 @@ def form_view(request: HttpRequest) -> HttpResponse:
 
 @idempotent
 def answer_view(request: HttpRequest) -> HttpResponse:
-    """Answers with the status and reason phrase the X-Answer header asks for ("204 Done")."""
+    """Answers with the status and reason phrase the X-Answer header asks for ("204 Done"),
+    and echoes an X-Tag header."""
     status, _, reason = request.headers.get("X-Answer", "200").partition(" ")
     Charge.objects.create(reference=request.headers.get("Idempotency-Key", ""), amount=0)
     body = b"" if status in ("204", "304") else b"answered"
-    return HttpResponse(body, status=int(status), reason=reason or None)
+    response = HttpResponse(body, status=int(status), reason=reason or None)
+    if "X-Tag" in request.headers:
+        response["X-Tag"] = request.headers["X-Tag"]
+    return response
