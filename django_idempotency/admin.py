@@ -27,6 +27,7 @@ from django.utils.text import Truncator, capfirst
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency.conf import conf
 from django_idempotency.core.outcomes import Scope
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import StoreUnavailable, get_store
@@ -208,7 +209,8 @@ class RecordChangeList(ChangeList):
         return queryset.defer("response_body", "response_headers")
 
 
-@admin.register(IdempotencyRecord)
+# IDEMPOTENCY_ADMIN = False leaves the model unregistered; read when the admin autodiscovers.
+@(admin.register(IdempotencyRecord) if conf.ADMIN else (lambda admin_class: admin_class))
 class IdempotencyRecordAdmin(RecordAdminBase):
     list_display = [
         "key",

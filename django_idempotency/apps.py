@@ -25,6 +25,17 @@ class IdempotencyConfig(AppConfig):
 
         checks.register(idempotency_checks.check_settings, idempotency_checks.TAG)
         checks.register(idempotency_checks.check_deployment, idempotency_checks.TAG, deploy=True)
+        checks.register(idempotency_checks.check_views, idempotency_checks.TAG, checks.Tags.urls)
+        # Run by `check --database <alias>` (and `migrate`): it queries the database.
+        checks.register(
+            idempotency_checks.check_database, idempotency_checks.TAG, checks.Tags.database
+        )
+
+        if importlib.util.find_spec("rest_framework") is not None:
+            # IDEMPOTENCY_GUARD_ALL_VIEWS: read on each request, so installed whatever its value.
+            from django_idempotency.contrib.rest_framework import project
+
+            project.install()
 
         if importlib.util.find_spec("drf_spectacular") is not None:
             # Imported only when drf-spectacular is there: the import registers the extension.

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from django.dispatch import Signal
 from django.utils import timezone
@@ -24,7 +25,12 @@ from django_idempotency.stores import (
     get_store,
 )
 
+if TYPE_CHECKING:
+    from django.http import HttpRequest
+
 logger = logging.getLogger("django_idempotency")
+
+FIRST_DELAY = 0.01  # Seconds a waiting duplicate waits before its second try.
 
 _SIGNALS: dict[Outcome, Signal] = {
     Outcome.FRESH: signals.claimed,
@@ -42,10 +48,22 @@ class Attempt:
     exception rolls all of them back (or, in a caller's transaction, releases the claim).
     """
 
-    def __init__(self, *, atomic: bool, on_conflict: OnConflict) -> None:
+    def __init__(
+        self,
+        *,
+        atomic: bool,
+        on_conflict: OnConflict,
+        request: HttpRequest | None = None,
+        poll: bool = False,
+    ) -> None:
         self.store: BaseStore = get_store()
+        self.request = request  # Given to signal receivers; None outside HTTP.
         self.atomic = atomic and self.store.supports_atomic
         self.on_conflict = on_conflict
+        # poll: the caller waits between tries itself (async views, with asyncio.sleep), so
+        # `begin` tries once and leaves announcing the conflict to `announce_conflict`.
+        self.poll = poll
+        self.waits = on_conflict == "wait" and not poll
         self.claim: Claim | None = None
         self.scope: Scope | None = None
         self.owns_transaction = False  # Atomic mode opened its own: a rollback undoes the work.
@@ -75,18 +93,22 @@ class Attempt:
         claim = self._begin(request)
         if claim.outcome is Outcome.FRESH:
             self.claim = claim
-        self._announce(_SIGNALS[claim.outcome], claim.outcome.value, time.perf_counter() - started)
+        if not (self.poll and claim.outcome is Outcome.IN_PROGRESS):
+            duration = time.perf_counter() - started
+            self._announce(_SIGNALS[claim.outcome], claim.outcome.value, duration)
         return claim
+
+    def announce_conflict(self, duration: float) -> None:
+        """A polling caller gives up waiting: the conflict `begin` left unannounced."""
+        self._announce(signals.conflict, Outcome.IN_PROGRESS.value, duration)
 
     def _begin(self, request: ClaimRequest) -> Claim:
         store = self.store
         answer = store.lookup(request)
-        if answer is not None and (
-            answer.outcome is not Outcome.IN_PROGRESS or self.on_conflict != "wait"
-        ):
+        if answer is not None and (answer.outcome is not Outcome.IN_PROGRESS or not self.waits):
             return answer  # Decided without opening a transaction.
         deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
-        delay = 0.01
+        delay = FIRST_DELAY
         while True:
             try:
                 if self.atomic:
@@ -95,14 +117,14 @@ class Attempt:
             except StoreBusy:
                 claim = Claim(Outcome.IN_PROGRESS)
             remaining = deadline - time.monotonic()
-            if claim.outcome is not Outcome.IN_PROGRESS or self.on_conflict != "wait":
+            if claim.outcome is not Outcome.IN_PROGRESS or not self.waits:
                 return claim
             if remaining <= 0:
                 return claim
             # Hold no transaction while waiting: the first request may need to finish its own.
             self._transaction.close()
             time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.25)
+            delay = next_delay(delay)
             request = replace(request, now=timezone.now())
 
     def complete(self, result: StoredResponse) -> bool:
@@ -191,13 +213,21 @@ class Attempt:
                     "idempotency_key_hash": key_hash,
                 },
             )
-        signal.send(
+        # A receiver that raises must not fail the request or call: Django's send_robust
+        # catches it and logs it (logger "django.dispatch", with the traceback).
+        signal.send_robust(
             sender=Attempt,
+            request=self.request,
             namespace=scope.namespace,
             owner=scope.owner,
             key=scope.key,
             duration=duration,
         )
+
+
+def next_delay(delay: float) -> float:
+    """Backoff between tries of a waiting duplicate, from FIRST_DELAY up to a quarter second."""
+    return min(delay * 2, 0.25)
 
 
 def _quietly(action: Callable[[Claim], bool], claim: Claim) -> Exception | None:

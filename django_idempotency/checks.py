@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import difflib
+import sys
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -15,11 +17,23 @@ from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router
 from django.db.utils import load_backend
+from django.urls import URLResolver, get_resolver
 from django.utils.module_loading import import_string
 
-from django_idempotency.conf import HEADER_NAME, MODES, ON_CONFLICT, conf, load_callable
+from django_idempotency.conf import (
+    ERROR_FORMATS,
+    HEADER_NAME,
+    MODES,
+    ON_CONFLICT,
+    SETTING_NAMES,
+    conf,
+    load_callable,
+)
+from django_idempotency.contrib.rest_framework.mixins import IdempotencyMixin
 from django_idempotency.core.keys import KEY_FORMATS
+from django_idempotency.http.options import attribute_errors
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.schema import missing_table, missing_table_message, records_database
 from django_idempotency.stores.base import BaseStore
 from django_idempotency.stores.database import DatabaseStore
 
@@ -44,6 +58,13 @@ UNSHARED_CACHE = "django_idempotency.W001"
 SQLITE_IN_DEPLOYMENT = "django_idempotency.W002"
 DISABLED_IN_DEPLOYMENT = "django_idempotency.W003"
 TTL_SHORTER_THAN_LEASE = "django_idempotency.W004"
+MIXIN_AFTER_API_VIEW = "django_idempotency.E013"
+INVALID_VIEW_ATTRIBUTE = "django_idempotency.E014"
+NOT_A_BOOLEAN = "django_idempotency.E015"
+INVALID_BYTE_COUNT = "django_idempotency.E016"
+UNKNOWN_SETTING = "django_idempotency.W005"
+TABLE_MISSING = "django_idempotency.W006"
+MIDDLEWARE_NOT_LAST = "django_idempotency.E017"
 
 TAG = "django_idempotency"
 
@@ -67,6 +88,10 @@ def check_settings(
         *_store(),
         *_cache(),
         *_database(),
+        *_booleans(),
+        *_byte_counts(),
+        *_unknown_names(),
+        *_middleware_order(),
     ]
 
 
@@ -75,7 +100,7 @@ def check_deployment(
 ) -> list[CheckMessage]:
     """What is fine on a laptop but wrong under a production server (`check --deploy`)."""
     messages: list[CheckMessage] = []
-    if not conf.ENABLED:
+    if _setting("IDEMPOTENCY_ENABLED") is False:
         messages.append(
             checks.Warning(
                 f"IDEMPOTENCY_ENABLED = {_setting('IDEMPOTENCY_ENABLED')!r}: idempotency is"
@@ -187,18 +212,23 @@ def _choices() -> Iterable[CheckMessage]:
         ("MODE", MODES, "atomic"),
         ("ON_CONFLICT", ON_CONFLICT, "reject"),
         ("KEY_FORMAT", (None, *KEY_FORMATS), None),
+        ("ERROR_FORMAT", ERROR_FORMATS, "problem"),
     ]
     for attribute, allowed, default in rules:
-        name = f"IDEMPOTENCY_{attribute}"
-        try:
-            getattr(conf, attribute)
-        except ImproperlyConfigured as exc:
-            yield Error(
-                str(exc),
-                hint=f"Set {name} to one of {', '.join(map(repr, allowed))}, or remove it to"
-                f" use the default {default!r}.",
-                id=INVALID_CHOICE,
-            )
+        yield from _refused(
+            attribute,
+            f"Set IDEMPOTENCY_{attribute} to one of {', '.join(map(repr, allowed))}, or remove it"
+            f" to use the default {default!r}.",
+            INVALID_CHOICE,
+        )
+
+
+def _refused(attribute: str, hint: str, check_id: str) -> Iterable[CheckMessage]:
+    """The app's own error for a setting it would refuse on first use, if it would."""
+    try:
+        getattr(conf, attribute)
+    except ImproperlyConfigured as exc:
+        yield Error(str(exc), hint=hint, id=check_id)
 
 
 def _collections() -> Iterable[CheckMessage]:
@@ -376,14 +406,14 @@ def _database() -> Iterable[CheckMessage]:
         )
         return
     database = _store_database()
-    if database is not None and database[1] not in ("postgresql", "sqlite"):
+    if database is not None and database[1] not in ("postgresql", "mysql", "sqlite"):
         store_alias, vendor, engine = database
         yield Error(
             f"The idempotency store's database {store_alias!r} ({_database_source(store_alias)})"
             " uses"
-            f" {engine} ({vendor}); the database store supports only PostgreSQL and SQLite.",
-            hint="Point IDEMPOTENCY_DATABASE at a PostgreSQL database in DATABASES, or set"
-            " IDEMPOTENCY_STORE to a store written for this database.",
+            f" {engine} ({vendor}); the database store supports PostgreSQL, MariaDB and SQLite.",
+            hint="Point IDEMPOTENCY_DATABASE at a PostgreSQL or MariaDB database in DATABASES,"
+            " or set IDEMPOTENCY_STORE to a store written for this database.",
             id=UNSUPPORTED_DATABASE,
         )
 
@@ -400,9 +430,12 @@ def _store_database() -> tuple[str, str, str] | None:
     try:
         alias = conf.DATABASE or router.db_for_write(IdempotencyRecord)
         engine = settings.DATABASES[alias].get("ENGINE") or "django.db.backends.dummy"
-        vendor = load_backend(engine).DatabaseWrapper.vendor
-    except Exception:  # An unknown alias, a router that fails, a driver that is not installed.
+    except Exception:  # An unknown alias, a router that fails.
         return None
+    try:
+        vendor = load_backend(engine).DatabaseWrapper.vendor
+    except Exception:  # Its driver is not installed here (cx_Oracle, mssql): name it by its path.
+        vendor = engine.rsplit(".", 1)[-1]
     return alias, vendor, engine
 
 
@@ -410,3 +443,172 @@ def _database_source(alias: str) -> str:
     if conf.DATABASE:
         return f"IDEMPOTENCY_DATABASE = {alias!r}"
     return "IDEMPOTENCY_DATABASE is unset, so it is the database the routers choose"
+
+
+# Settings that are switches: `bool("false")` is True, so a string is refused, not read.
+_BOOLEANS = ("ENABLED", "REQUIRED", "STORE_SERVER_ERRORS", "METRICS", "GUARD_ALL_VIEWS", "ADMIN")
+
+# Names the two packages docs/migration.md covers read; what replaces each one here.
+_OTHER_PACKAGES = {
+    "IDEMPOTENCY_KEY": "the IDEMPOTENCY_* settings listed in docs/migration.md",
+    "IDEMPOTENCY_KEY_HEADER": "IDEMPOTENCY_HEADER",
+    "IDEMPOTENCY_KEY_REQUIRED": "IDEMPOTENCY_REQUIRED",
+    "IDEMPOTENCY_KEY_METHODS": "IDEMPOTENCY_METHODS",
+    "IDEMPOTENCY_KEY_EXPIRATION_MINUTES": "IDEMPOTENCY_TTL",
+}
+
+
+def _booleans() -> Iterable[CheckMessage]:
+    for attribute in _BOOLEANS:
+        name = f"IDEMPOTENCY_{attribute}"
+        yield from _refused(
+            attribute,
+            f"Set {name} to True or False. From an environment variable, compare the string:"
+            f' {name} = os.environ.get("{name}", "true").lower() == "true".',
+            NOT_A_BOOLEAN,
+        )
+
+
+def _byte_counts() -> Iterable[CheckMessage]:
+    yield from _refused(
+        "MAX_STORED_BYTES",
+        "For example IDEMPOTENCY_MAX_STORED_BYTES = 1024 * 1024 (the default), or None to store"
+        " response bodies of any size.",
+        INVALID_BYTE_COUNT,
+    )
+
+
+def _unknown_names() -> Iterable[CheckMessage]:
+    names = (name for name in dir(settings) if name.startswith("IDEMPOTENCY_"))
+    for name in sorted(set(names) - SETTING_NAMES):
+        if name in _OTHER_PACKAGES:
+            yield checks.Warning(
+                f"{name} is a setting of another idempotency package; django-idempotency"
+                " ignores it.",
+                hint=f"Use {_OTHER_PACKAGES[name]} instead (see docs/migration.md), and remove"
+                f" {name} once that package is gone.",
+                id=UNKNOWN_SETTING,
+            )
+            continue
+        closest = difflib.get_close_matches(name, SETTING_NAMES, n=1, cutoff=0)
+        yield checks.Warning(
+            f"{name} is not a django-idempotency setting; did you mean {closest[0]}?",
+            hint=f"Rename it to {closest[0]} if that is what you meant: as written it is"
+            " ignored. A setting of another package that shares the prefix can stay; add this"
+            " id to SILENCED_SYSTEM_CHECKS.",
+            id=UNKNOWN_SETTING,
+        )
+
+
+def check_views(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Routed view classes whose idempotency would fail silently, or on their first request."""
+    messages: list[CheckMessage] = []
+    for route, view_class in _routed_view_classes():
+        label = f"{view_class.__module__}.{view_class.__qualname__}"
+        if _mixin_shadowed(view_class):
+            bases = ", ".join(
+                base.__name__ for base in view_class.__bases__ if base is not IdempotencyMixin
+            )
+            messages.append(
+                Error(
+                    f"{label} (routed at {route!r}) lists IdempotencyMixin after DRF's APIView"
+                    " in its MRO: APIView's methods run instead of the mixin's, so no request"
+                    " to it is guarded.",
+                    hint=f"Put the mixin first: class {view_class.__name__}(IdempotencyMixin,"
+                    f" {bases}).",
+                    id=MIXIN_AFTER_API_VIEW,
+                )
+            )
+        messages.extend(
+            Error(
+                f"{label}.{attribute} = {value!r} (routed at {route!r}): {why}",
+                hint="Give it a value the matching option of @idempotent accepts (see"
+                " docs/drf.md), or remove it to use the IDEMPOTENCY_* setting.",
+                id=INVALID_VIEW_ATTRIBUTE,
+            )
+            for attribute, value, why in attribute_errors(view_class)
+        )
+    return messages
+
+
+def _routed_view_classes() -> Iterator[tuple[str, type]]:
+    """Each view class the URLconf routes to (DRF's `cls`, Django's `view_class`), once."""
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:  # Django's own URL checks report a URLconf that does not load.
+        return
+    seen: set[type] = set()
+    for route, callback in _routes(patterns, ""):
+        view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+        if isinstance(view_class, type) and view_class not in seen:
+            seen.add(view_class)
+            yield route, view_class
+
+
+def _routes(patterns: Iterable[Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    for pattern in patterns:
+        route = prefix + str(pattern.pattern)
+        if isinstance(pattern, URLResolver):
+            try:
+                yield from _routes(pattern.url_patterns, route)
+            except Exception:  # An include that fails to load: Django reports it.
+                continue
+        else:
+            yield route, pattern.callback
+
+
+def _mixin_shadowed(view_class: type) -> bool:
+    # DRF is never imported here: a routed DRF view has imported it already.
+    api_view = getattr(sys.modules.get("rest_framework.views"), "APIView", None)
+    mro = view_class.__mro__
+    return (
+        api_view in mro
+        and IdempotencyMixin in mro
+        and mro.index(IdempotencyMixin) > mro.index(api_view)
+    )
+
+
+def check_database(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Collection[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """`check --database <alias>`: the records table exists where the store looks for it."""
+    alias = records_database()
+    if not databases or alias is None or alias not in databases or not missing_table(alias):
+        return []
+    # A warning: `migrate` runs this check too, before it creates the table.
+    return [
+        checks.Warning(
+            missing_table_message(alias),
+            hint="Until it exists every guarded request is refused with 503 store-unavailable.",
+            id=TABLE_MISSING,
+        )
+    ]
+
+
+_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
+
+
+def _middleware_order() -> Iterable[CheckMessage]:
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
+    if _MIDDLEWARE not in middleware:
+        return
+    skipped = []
+    for path in middleware[middleware.index(_MIDDLEWARE) + 1 :]:
+        try:
+            if hasattr(import_string(path), "process_view"):
+                skipped.append(path)
+        except ImportError:  # Django reports a middleware that does not import.
+            continue
+    if skipped:
+        yield Error(
+            f"{_MIDDLEWARE} is listed before {', '.join(skipped)}: their process_view() would"
+            " not run for the views it guards.",
+            hint="Move IdempotencyMiddleware to the end of MIDDLEWARE: it calls the view from its"
+            " own process_view(), so middleware listed after it (CsrfViewMiddleware's CSRF"
+            " check among them) is skipped for guarded requests.",
+            id=MIDDLEWARE_NOT_LAST,
+        )

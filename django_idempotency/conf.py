@@ -24,6 +24,11 @@ MAX_NAMESPACE_LENGTH = 100  # The record's namespace column.
 # An RFC 9110 field-name: a token of visible ASCII letters, digits and these symbols.
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 ON_CONFLICT: tuple[OnConflict, ...] = ("reject", "wait")
+ErrorFormat = Literal["problem", "drf"]
+ERROR_FORMATS: tuple[ErrorFormat, ...] = ("problem", "drf")
+# RFC 4151 tag URIs name each problem type without promising a page behind it (RFC 9457 3.1.1).
+DEFAULT_PROBLEM_BASE_URL = "tag:django-idempotency.github.io,2026:"
+MAX_STORED_BYTES = 1024 * 1024  # A response body larger than this is not kept for replays.
 
 
 def to_timedelta(value: timedelta | float, name: str) -> timedelta:
@@ -33,6 +38,29 @@ def to_timedelta(value: timedelta | float, name: str) -> timedelta:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return timedelta(seconds=value)
     raise ImproperlyConfigured(f"{name} must be a timedelta or a number of seconds, not {value!r}.")
+
+
+def to_bool(value: Any, name: str) -> bool:
+    """A switch must be True or False: `bool("false")` is True, the surprise this prevents."""
+    if isinstance(value, bool):
+        return value
+    raise ImproperlyConfigured(
+        f"{name} must be True or False, not {value!r}"
+        + (
+            ": a string is not read as a boolean (parse an environment variable yourself)."
+            if isinstance(value, str)
+            else "."
+        )
+    )
+
+
+def to_byte_count(value: Any, name: str) -> int | None:
+    """A size in bytes: an int of zero or more, or None for no limit."""
+    if value is None or (type(value) is int and value >= 0):
+        return value
+    raise ImproperlyConfigured(
+        f"{name} must be a number of bytes (an int of 0 or more) or None, not {value!r}."
+    )
 
 
 def choice(value: str, allowed: tuple[str, ...], name: str) -> str:
@@ -48,14 +76,18 @@ def check_options(
     *,
     namespace: str | None = None,
     header: str | None = None,
+    required: bool | None = None,
 ) -> None:
     """Validate a decorator's options when it is applied, not on the first request or call."""
+    if required is not None:
+        to_bool(required, "required")
     if mode is not None:
         choice(mode, MODES, "mode")
     if on_conflict is not None:
         choice(on_conflict, ON_CONFLICT, "on_conflict")
-    if ttl is not None:
-        to_timedelta(ttl, "ttl")
+    if ttl is not None and to_timedelta(ttl, "ttl") <= timedelta(0):
+        # Every record would expire as it is claimed, and each retry would run the view again.
+        raise ImproperlyConfigured(f"ttl must be more than zero seconds, not {ttl!r}.")
     if namespace is not None and (
         not isinstance(namespace, str) or len(namespace) > MAX_NAMESPACE_LENGTH
     ):
@@ -106,7 +138,7 @@ class Settings:
 
     @cached_property
     def ENABLED(self) -> bool:
-        return bool(self._get("IDEMPOTENCY_ENABLED", True))
+        return to_bool(self._get("IDEMPOTENCY_ENABLED", True), "IDEMPOTENCY_ENABLED")
 
     @cached_property
     def HEADER(self) -> str:
@@ -119,7 +151,7 @@ class Settings:
 
     @cached_property
     def REQUIRED(self) -> bool:
-        return bool(self._get("IDEMPOTENCY_REQUIRED", False))
+        return to_bool(self._get("IDEMPOTENCY_REQUIRED", False), "IDEMPOTENCY_REQUIRED")
 
     @cached_property
     def TTL(self) -> timedelta:
@@ -179,7 +211,9 @@ class Settings:
 
     @cached_property
     def STORE_SERVER_ERRORS(self) -> bool:
-        return bool(self._get("IDEMPOTENCY_STORE_SERVER_ERRORS", False))
+        return to_bool(
+            self._get("IDEMPOTENCY_STORE_SERVER_ERRORS", False), "IDEMPOTENCY_STORE_SERVER_ERRORS"
+        )
 
     @cached_property
     def STORE(self) -> str:
@@ -199,16 +233,38 @@ class Settings:
 
     @cached_property
     def METRICS(self) -> bool:
-        return bool(self._get("IDEMPOTENCY_METRICS", True))
+        return to_bool(self._get("IDEMPOTENCY_METRICS", True), "IDEMPOTENCY_METRICS")
 
     @cached_property
     def PROBLEM_BASE_URL(self) -> str:
-        return str(
-            self._get(
-                "IDEMPOTENCY_PROBLEM_BASE_URL",
-                "https://github.com/django-idempotency/django-idempotency/blob/main/docs/errors.md#",
-            )
-        )
+        return str(self._get("IDEMPOTENCY_PROBLEM_BASE_URL", DEFAULT_PROBLEM_BASE_URL))
+
+    @cached_property
+    def ERROR_FORMAT(self) -> ErrorFormat:
+        value = self._get("IDEMPOTENCY_ERROR_FORMAT", "problem")
+        return cast(ErrorFormat, choice(value, ERROR_FORMATS, "IDEMPOTENCY_ERROR_FORMAT"))
+
+    @cached_property
+    def MAX_STORED_BYTES(self) -> int | None:
+        value = self._get("IDEMPOTENCY_MAX_STORED_BYTES", MAX_STORED_BYTES)
+        return to_byte_count(value, "IDEMPOTENCY_MAX_STORED_BYTES")
+
+    @cached_property
+    def GUARD_ALL_VIEWS(self) -> bool:
+        value = self._get("IDEMPOTENCY_GUARD_ALL_VIEWS", False)
+        return to_bool(value, "IDEMPOTENCY_GUARD_ALL_VIEWS")
+
+    @cached_property
+    def ADMIN(self) -> bool:
+        return to_bool(self._get("IDEMPOTENCY_ADMIN", True), "IDEMPOTENCY_ADMIN")
+
+
+# Every setting this app reads, for the check that spots a misspelt one.
+SETTING_NAMES = frozenset(
+    f"IDEMPOTENCY_{name}"
+    for name, value in vars(Settings).items()
+    if isinstance(value, cached_property)
+)
 
 
 conf = Settings()

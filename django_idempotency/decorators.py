@@ -81,6 +81,17 @@ def idempotent(
     return decorate(view) if view is not None else decorate
 
 
+def idempotency_exempt(view: View) -> View:
+    """Leave this view out of the project-wide guard: a view function (also one built by
+    ``@api_view`` or ``as_view()``, in the URLconf), a view class, a DRF handler or an action.
+
+    Sets ``idempotency_exempt = True`` on what it decorates, the attribute view classes may also
+    set themselves.
+    """
+    view.idempotency_exempt = True  # type: ignore[attr-defined]
+    return view
+
+
 def guarded(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
     """`func` run through the guard with these options: the decorator's work, minus checks."""
     if inspect.iscoroutinefunction(func):

@@ -21,3 +21,7 @@ class KeyMismatch(IdempotencyError):
 
 class DeliveryRejected(IdempotencyError):
     """A webhook delivery failed verification (forged, stale or malformed); nothing was stored."""
+
+
+class StoreNotSupported(StoreUnavailable):
+    """The store's database is one it cannot run on; the message names it and what to do."""

@@ -1,8 +1,9 @@
 """Signals sent as a key is claimed, replayed, refused or released, by views, functions and tasks.
 
-Every signal is sent with ``sender=Attempt`` and the keyword arguments ``namespace``, ``owner``,
-``key`` and ``duration`` (seconds the store took to decide, None for ``completed`` and
-``released``). Receivers run in the request's thread: keep them quick and never raise.
+Every signal is sent with ``sender=Attempt`` and the keyword arguments ``request`` (the
+``HttpRequest``, None for functions and tasks), ``namespace``, ``owner``, ``key`` and ``duration``
+(seconds the store took to decide, None for ``completed`` and ``released``). Receivers run in the
+request's thread: keep them quick. One that raises is logged and never fails the request.
 """
 
 from __future__ import annotations

@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# Start (or stop) the throw-away PostgreSQL and Redis the test suite runs against, on loopback.
-# Usage: source scripts/services.sh; start_postgres; start_redis; ...; stop_redis; stop_postgres
+# Start (or stop) the throw-away PostgreSQL, MariaDB and Redis the test suite runs against, on
+# loopback. Usage: source scripts/services.sh; start_postgres; start_mariadb; start_redis; ...;
+# stop_redis; stop_mariadb; stop_postgres
 set -euo pipefail
 
 SERVICES_DIR="${SERVICES_DIR:-$(pwd)/.services}"
 PG_PORT="${PG_PORT:-54329}"
 PG_DATA="$SERVICES_DIR/postgres"
+MARIADB_PORT="${MARIADB_PORT:-33069}"
+MARIADB_DIR="$SERVICES_DIR/mariadb"
 REDIS_PORT="${REDIS_PORT:-63799}"
 REDIS_DIR="$SERVICES_DIR/redis"
 
-# initdb refuses to run as root: run the cluster as the system "postgres" user when we are root.
-_as_pg_user() {
+# initdb and mariadbd refuse to run as root: as root, run them as the system user their Debian
+# package makes ("postgres", "mysql"); otherwise as ourselves. Usage: _as USER COMMAND...
+_as() {
+  local user="$1"; shift
   if [ "$(id -u)" = "0" ]; then
-    su postgres -s /bin/bash -c "$*"
+    su "$user" -s /bin/bash -c "$*"
   else
     bash -c "$*"
   fi
 }
+_as_pg_user() { _as postgres "$@"; }
+_as_mysql_user() { _as mysql "$@"; }
 
 start_postgres() {
   command -v initdb >/dev/null || { echo "initdb not found on PATH: install PostgreSQL" >&2; return 1; }
@@ -43,6 +50,44 @@ start_postgres() {
 stop_postgres() {
   if [ "${PG_STARTED_HERE:-0}" = "1" ]; then
     _as_pg_user "pg_ctl -D '$PG_DATA' -m fast -w stop" >/dev/null 2>&1 || true
+  fi
+}
+
+start_mariadb() {
+  command -v mariadbd >/dev/null || { echo "mariadbd not found: install Debian's mariadb-server" >&2; return 1; }
+  mkdir -p "$MARIADB_DIR"
+  if [ "$(id -u)" = "0" ]; then chown mysql "$MARIADB_DIR"; fi
+  if [ ! -d "$MARIADB_DIR/data/mysql" ]; then
+    # Root without a password, reachable on loopback only: a throw-away server for tests.
+    _as_mysql_user "mariadb-install-db --no-defaults --datadir='$MARIADB_DIR/data' \
+      --auth-root-authentication-method=normal --skip-test-db >'$MARIADB_DIR/install.log' 2>&1"
+  fi
+  MARIADB_STARTED_HERE=0
+  if ! mariadb-admin --no-defaults -uroot -h127.0.0.1 -P"$MARIADB_PORT" ping >/dev/null 2>&1; then
+    MARIADB_STARTED_HERE=1
+    # Throw-away data: no flush at each commit, unless MARIADB_DURABLE=1 asks for it.
+    local durability="--innodb-flush-log-at-trx-commit=0 --sync-binlog=0"
+    [ "${MARIADB_DURABLE:-0}" = "1" ] && durability=""
+    _as_mysql_user "nohup mariadbd --no-defaults --datadir='$MARIADB_DIR/data' \
+      --bind-address=127.0.0.1 --port=$MARIADB_PORT --socket='$MARIADB_DIR/mariadb.sock' \
+      --pid-file='$MARIADB_DIR/mariadb.pid' --log-error='$MARIADB_DIR/mariadb.log' \
+      --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
+      --max-connections=300 $durability >/dev/null 2>&1 &"
+    for _ in $(seq 100); do
+      mariadb-admin --no-defaults -uroot -h127.0.0.1 -P"$MARIADB_PORT" ping >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+    mariadb-admin --no-defaults -uroot -h127.0.0.1 -P"$MARIADB_PORT" ping >/dev/null \
+      || { echo "MariaDB did not start: see $MARIADB_DIR/mariadb.log" >&2; return 1; }
+  fi
+  export MARIADB_URL="mysql://root@127.0.0.1:$MARIADB_PORT"
+  echo "MariaDB ready on 127.0.0.1:$MARIADB_PORT"
+}
+
+# Stops the server only if start_mariadb started it.
+stop_mariadb() {
+  if [ "${MARIADB_STARTED_HERE:-0}" = "1" ]; then
+    mariadb-admin --no-defaults -uroot -h127.0.0.1 -P"$MARIADB_PORT" shutdown >/dev/null 2>&1 || true
   fi
 }
 

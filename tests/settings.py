@@ -52,6 +52,9 @@ DATABASES = {
         os.environ.get("DATABASE_URL") or "sqlite:///test-idempotency.sqlite3"
     ),
 }
+if DATABASES["default"]["ENGINE"].endswith("mysql"):  # MariaDB: keys are stored as utf8mb4.
+    DATABASES["default"].setdefault("OPTIONS", {})["charset"] = "utf8mb4"
+    DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
 # SQLite's test database is a file, not memory (connections can then be closed, reopened and
 # shared across threads), named per process when the test database is set up: see
 # django_db_modify_db_settings in tests/conftest.py.

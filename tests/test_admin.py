@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +18,7 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 
 from django_idempotency import admin as record_admin
@@ -156,7 +160,8 @@ def test_the_list_never_loads_bodies(admin_client: Client) -> None:
     with CaptureQueriesContext(connection) as captured:
         admin_client.get(CHANGELIST)
 
-    assert any('"owner"' in query["sql"] for query in captured)  # The list's own query.
+    owner = connection.ops.quote_name("owner")
+    assert any(owner in query["sql"] for query in captured)  # The list's own query.
     assert all("response_body" not in query["sql"] for query in captured)
 
 
@@ -1005,3 +1010,54 @@ def test_the_admin_is_registered_with_the_default_site() -> None:
 
     assert isinstance(admin.site._registry[IdempotencyRecord], record_admin.IdempotencyRecordAdmin)
     assert get_store().__class__ is RecordingStore
+
+
+# IDEMPOTENCY_ADMIN, and replacing the admin with a project's own.
+
+NO_ADMIN = """
+import django
+from django.conf import settings
+
+settings.IDEMPOTENCY_ADMIN = False  # As a project's settings module would set it.
+django.setup()
+
+from django.contrib import admin
+from django_idempotency.models import IdempotencyRecord
+
+print(admin.site.is_registered(IdempotencyRecord))
+"""
+
+
+def test_idempotency_admin_false_leaves_the_records_out_of_the_admin() -> None:
+    env = dict(os.environ)  # DJANGO_SETTINGS_MODULE included.
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", NO_ADMIN], env=env, capture_output=True, text=True, timeout=120
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+class ProjectRecordAdmin(record_admin.IdempotencyRecordAdmin):
+    list_per_page = 20
+
+
+@pytest.mark.django_db
+def test_the_admin_can_be_replaced_as_the_docs_show(admin_client: Client) -> None:
+    from django.contrib import admin
+
+    admin.site.unregister(IdempotencyRecord)
+    admin.site.register(IdempotencyRecord, ProjectRecordAdmin)
+
+    class URLs:  # Admin URLs are bound to the admin classes registered when they are built.
+        urlpatterns = [path("admin/", admin.site.urls)]
+
+    try:
+        with override_settings(ROOT_URLCONF=URLs):
+            changelist = reverse("admin:django_idempotency_idempotencyrecord_changelist")
+            response = admin_client.get(changelist)
+        assert response.context["cl"].list_per_page == 20
+    finally:
+        admin.site.unregister(IdempotencyRecord)
+        admin.site.register(IdempotencyRecord, record_admin.IdempotencyRecordAdmin)

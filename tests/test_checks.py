@@ -16,8 +16,15 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.http import HttpRequest
 from django.test import override_settings
+from django.urls import include, path
+from rest_framework import viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
+from rest_framework.views import APIView
 
 from django_idempotency import checks
+from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.stores.base import BaseStore
 from django_idempotency.stores.database import DatabaseStore
 
@@ -45,7 +52,17 @@ W001 = "django_idempotency.W001"
 W002 = "django_idempotency.W002"
 W003 = "django_idempotency.W003"
 W004 = "django_idempotency.W004"
+E013 = "django_idempotency.E013"
+E014 = "django_idempotency.E014"
+E015 = "django_idempotency.E015"
+E016 = "django_idempotency.E016"
+W005 = "django_idempotency.W005"
+W006 = "django_idempotency.W006"
+E017 = "django_idempotency.E017"
+IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
+CSRF_MIDDLEWARE = "django.middleware.csrf.CsrfViewMiddleware"
 DEPLOY_ONLY = {W002, W003}
+DATABASE_ONLY = {W006}  # Run by `check --database <alias>`: tested on a real database below.
 
 SHARED_CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:9/0"}
 POSTGRESQL = {"ENGINE": "django.db.backends.postgresql", "NAME": "idempotency"}
@@ -69,6 +86,52 @@ def tenant_owner(request: HttpRequest) -> str:
 
 
 OWNER_LABEL = "tenant-1"  # Importable, but not callable.
+
+
+class LateMixinViewSet(viewsets.ViewSet, IdempotencyMixin):  # The mixin comes too late.
+    def create(self, request: Request) -> Response:
+        return Response(status=201)
+
+
+class EarlyMixinViewSet(IdempotencyMixin, viewsets.ViewSet):
+    def create(self, request: Request) -> Response:
+        return Response(status=201)
+
+
+class TypoView(IdempotencyMixin, APIView):
+    idempotency_mode = "atomc"
+
+
+class LeasedView(IdempotencyMixin, APIView):
+    idempotency_mode = "lease"
+    idempotency_ttl = timedelta(minutes=5)
+    idempotency_required = True
+    idempotency_exempt = False
+
+
+def nested(viewset: type[viewsets.ViewSet]) -> list[Any]:
+    """A viewset routed two includes deep, as versioned APIs route them."""
+    router = SimpleRouter()
+    router.register("charges", viewset, basename="charges")
+    return [path("api/", include([path("v1/", include(router.urls))]))]
+
+
+class MixinAfterAPIView:
+    """A URLconf (ROOT_URLCONF accepts any object with `urlpatterns`)."""
+
+    urlpatterns = nested(LateMixinViewSet)
+
+
+class MixinFirst:
+    urlpatterns = nested(EarlyMixinViewSet)
+
+
+class MistypedAttribute:
+    urlpatterns = [path("typo/", TypoView.as_view())]
+
+
+class ValidAttributes:
+    urlpatterns = [path("leased/", LeasedView.as_view())]
 
 
 class FailingRouter:
@@ -243,7 +306,11 @@ FIRES = [
             "DATABASES": {"legacy": {"ENGINE": "django.db.backends.dummy"}},
             "IDEMPOTENCY_DATABASE": "legacy",
         },
-        ["IDEMPOTENCY_DATABASE = 'legacy'", "django.db.backends.dummy", "PostgreSQL and SQLite"],
+        [
+            "IDEMPOTENCY_DATABASE = 'legacy'",
+            "django.db.backends.dummy",
+            "PostgreSQL, MariaDB and SQLite",
+        ],
         id="E012",
     ),
     pytest.param(
@@ -253,8 +320,26 @@ FIRES = [
             "IDEMPOTENCY_DATABASE": "legacy",
             "IDEMPOTENCY_STORE": "tests.test_checks.TenantStore",
         },
-        ["IDEMPOTENCY_DATABASE = 'legacy'", "PostgreSQL and SQLite"],
+        ["IDEMPOTENCY_DATABASE = 'legacy'", "PostgreSQL, MariaDB and SQLite"],
         id="E012-subclass",
+    ),
+    pytest.param(
+        E012,
+        {
+            "DATABASES": {"erp": {"ENGINE": "django.db.backends.oracle", "NAME": "erp"}},
+            "IDEMPOTENCY_DATABASE": "erp",
+        },
+        ["django.db.backends.oracle (oracle)", "PostgreSQL, MariaDB and SQLite"],
+        id="E012-oracle-without-its-driver",
+    ),
+    pytest.param(
+        E012,
+        {
+            "DATABASES": {"mssql": {"ENGINE": "mssql", "NAME": "orders"}},
+            "IDEMPOTENCY_DATABASE": "mssql",
+        },
+        ["IDEMPOTENCY_DATABASE = 'mssql'", "uses mssql (mssql)"],
+        id="E012-third-party",
     ),
     pytest.param(
         W001,
@@ -286,6 +371,54 @@ FIRES = [
         {"IDEMPOTENCY_TTL": 30, "IDEMPOTENCY_LEASE": 60},
         ["IDEMPOTENCY_TTL (30 seconds)", "IDEMPOTENCY_LEASE (60 seconds)"],
         id="W004",
+    ),
+    pytest.param(
+        E013,
+        {"ROOT_URLCONF": MixinAfterAPIView},
+        ["tests.test_checks.LateMixinViewSet", "api/v1/", "IdempotencyMixin after DRF's APIView"],
+        id="E013-nested-viewset",
+    ),
+    pytest.param(
+        E014,
+        {"ROOT_URLCONF": MistypedAttribute},
+        ["tests.test_checks.TypoView.idempotency_mode = 'atomc'", "one of atomic, lease"],
+        id="E014",
+    ),
+    pytest.param(
+        E015,
+        {"IDEMPOTENCY_ENABLED": "false"},
+        ["IDEMPOTENCY_ENABLED must be True or False, not 'false'"],
+        id="E015-string",
+    ),
+    pytest.param(
+        E015,
+        {"IDEMPOTENCY_GUARD_ALL_VIEWS": 1},
+        ["IDEMPOTENCY_GUARD_ALL_VIEWS must be True or False, not 1"],
+        id="E015-int",
+    ),
+    pytest.param(
+        E016,
+        {"IDEMPOTENCY_MAX_STORED_BYTES": "1MB"},
+        ["IDEMPOTENCY_MAX_STORED_BYTES must be a number of bytes", "'1MB'"],
+        id="E016",
+    ),
+    pytest.param(
+        W005,
+        {"IDEMPOTENCY_LEASE_SECONDS": 30},
+        ["IDEMPOTENCY_LEASE_SECONDS is not a django-idempotency setting", "IDEMPOTENCY_LEASE?"],
+        id="W005-typo",
+    ),
+    pytest.param(
+        W005,
+        {"IDEMPOTENCY_KEY_HEADER": "Idempotency-Key"},
+        ["IDEMPOTENCY_KEY_HEADER is a setting of another idempotency package"],
+        id="W005-other-package",
+    ),
+    pytest.param(
+        E017,
+        {"MIDDLEWARE": [*settings.MIDDLEWARE, IDEMPOTENCY_MIDDLEWARE, CSRF_MIDDLEWARE]},
+        ["IdempotencyMiddleware is listed before django.middleware.csrf.CsrfViewMiddleware"],
+        id="E017",
     ),
 ]
 
@@ -334,6 +467,14 @@ SILENT = [
     pytest.param(
         E012,
         {
+            "DATABASES": {"maria": {"ENGINE": "django.db.backends.mysql", "NAME": "shop"}},
+            "IDEMPOTENCY_DATABASE": "maria",
+        },
+        id="E012-mariadb",
+    ),
+    pytest.param(
+        E012,
+        {
             "DATABASES": {"legacy": {"ENGINE": "django.db.backends.dummy"}},
             "IDEMPOTENCY_DATABASE": "legacy",
             "IDEMPOTENCY_STORE": "tests.test_checks.MemoryStore",
@@ -354,6 +495,26 @@ SILENT = [
     pytest.param(W002, {"IDEMPOTENCY_STORE": "tests.test_checks.MemoryStore"}, id="W002-store"),
     pytest.param(W003, {"IDEMPOTENCY_ENABLED": True}, id="W003"),
     pytest.param(W004, {"IDEMPOTENCY_TTL": 60, "IDEMPOTENCY_LEASE": 60}, id="W004"),
+    pytest.param(E013, {"ROOT_URLCONF": MixinFirst}, id="E013"),
+    pytest.param(E013, {"ROOT_URLCONF": "tests.urls"}, id="E013-test-urls"),
+    pytest.param(E014, {"ROOT_URLCONF": ValidAttributes}, id="E014"),
+    pytest.param(
+        E015,
+        {"IDEMPOTENCY_ENABLED": True, "IDEMPOTENCY_REQUIRED": False, "IDEMPOTENCY_ADMIN": True},
+        id="E015",
+    ),
+    pytest.param(E016, {"IDEMPOTENCY_MAX_STORED_BYTES": None}, id="E016-no-limit"),
+    pytest.param(E016, {"IDEMPOTENCY_MAX_STORED_BYTES": 0}, id="E016-zero"),
+    pytest.param(
+        W005,
+        {"IDEMPOTENCY_GUARD_ALL_VIEWS": False, "IDEMPOTENCY_ERROR_FORMAT": "drf"},
+        id="W005",
+    ),
+    pytest.param(
+        E017,
+        {"MIDDLEWARE": [*settings.MIDDLEWARE, CSRF_MIDDLEWARE, IDEMPOTENCY_MIDDLEWARE]},
+        id="E017",
+    ),
 ]
 
 
@@ -488,5 +649,73 @@ def test_check_ids_are_unique_and_documented() -> None:
 def test_every_id_has_a_firing_and_a_silent_test() -> None:
     declared = set(_declared_ids())
 
-    assert {case.values[0] for case in FIRES} == declared
-    assert {case.values[0] for case in SILENT} == declared
+    assert {case.values[0] for case in FIRES} | DATABASE_ONLY == declared
+    assert {case.values[0] for case in SILENT} | DATABASE_ONLY == declared
+
+
+class BadAttributes:
+    """A URLconf whose one view has every kind of attribute mistake."""
+
+    class View(IdempotencyMixin, APIView):
+        idempotency_ttl = -60
+        idempotency_on_conflict = "block"
+        idempotency_required = "yes"
+        idempotency_exempt = "no"
+
+    urlpatterns = [path("bad/", View.as_view())]
+
+
+def test_every_invalid_view_attribute_is_reported() -> None:
+    messages = [message.msg for message in ours(deploy=False, ROOT_URLCONF=BadAttributes)]
+
+    assert messages == [
+        "tests.test_checks.BadAttributes.View.idempotency_required = 'yes' (routed at 'bad/'):"
+        " required must be True or False, not 'yes': a string is not read as a boolean"
+        " (parse an environment variable yourself).",
+        "tests.test_checks.BadAttributes.View.idempotency_ttl = -60 (routed at 'bad/'):"
+        " ttl must be more than zero seconds, not -60.",
+        "tests.test_checks.BadAttributes.View.idempotency_on_conflict = 'block' (routed at"
+        " 'bad/'): on_conflict must be one of reject, wait; got 'block'.",
+        "tests.test_checks.BadAttributes.View.idempotency_exempt = 'no' (routed at 'bad/'):"
+        " idempotency_exempt must be True or False, not 'no': a string is not read as a"
+        " boolean (parse an environment variable yourself).",
+    ]
+
+
+def test_a_string_boolean_stops_manage_py_check() -> None:
+    with configured(IDEMPOTENCY_ENABLED="false"), pytest.raises(SystemCheckError) as error:
+        call_command("check")
+
+    assert "(django_idempotency.E015) IDEMPOTENCY_ENABLED must be True or False" in str(error.value)
+
+
+def _database_messages() -> list[CheckMessage]:
+    return [
+        message
+        for message in run_checks(databases=["default"], tags=["database"])
+        if message.id == W006
+    ]
+
+
+@pytest.mark.usefixtures("records_table_missing")
+def test_a_forgotten_migrate_is_reported_by_check_database() -> None:
+    [message] = _database_messages()
+
+    assert message.level == WARNING
+    assert message.msg == (
+        "The table django_idempotency_record does not exist in the database 'default':"
+        " run `python manage.py migrate django_idempotency`."
+    )
+    assert "503" in str(message.hint)
+
+
+@pytest.mark.django_db
+def test_a_migrated_database_passes_check_database() -> None:
+    assert _database_messages() == []
+
+
+def test_the_table_is_looked_for_only_in_a_named_database_of_the_database_store() -> None:
+    # No database access here: neither call may query one.
+    assert checks.check_database() == []
+    with configured(IDEMPOTENCY_STORE="tests.test_checks.MemoryStore"):
+        assert checks.check_database(databases=["default"]) == []

@@ -19,7 +19,7 @@ from django.test.testcases import LiveServerThread
 from django_idempotency.models import IdempotencyRecord
 from tests.models import Charge
 
-pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgresql, pytest.mark.mariadb, pytest.mark.django_db(transaction=True)]
 
 KEYS = 50
 DUPLICATES = 20

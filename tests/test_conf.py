@@ -59,9 +59,13 @@ def no_idempotency_settings() -> Iterator[None]:
         ("STORE_SERVER_ERRORS", False),
         ("STORE", "django_idempotency.stores.database.DatabaseStore"),
         ("DATABASE", None),
+        ("MAX_STORED_BYTES", 1024 * 1024),
+        ("ERROR_FORMAT", "problem"),
+        ("GUARD_ALL_VIEWS", False),
+        ("ADMIN", True),
         (
             "PROBLEM_BASE_URL",
-            "https://github.com/django-idempotency/django-idempotency/blob/main/docs/errors.md#",
+            "tag:django-idempotency.github.io,2026:",
         ),
     ],
 )

@@ -114,7 +114,8 @@ def _database_url() -> str:
     credentials = quote(settings["USER"]) + (
         f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
     )
-    return f"postgres://{credentials}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+    scheme = "mysql" if connection.vendor == "mysql" else "postgres"
+    return f"{scheme}://{credentials}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
 
 
 def _worker_process(queue: str, log: Path) -> subprocess.Popen[bytes]:

@@ -104,16 +104,21 @@ def test_canonical_json_decodes_to_the_same_value(value: Any) -> None:
     assert parse_as_doubles(canonical_json(value)) == as_doubles(value)
 
 
+# Keys within the Basic Multilingual Plane: beyond it, RFC 8785's UTF-16 order differs from
+# Python's code point order (the UTF-16 test covers those).
+BMP_KEYS = st.text(st.characters(max_codepoint=0xFFFF, exclude_categories=("Cs",)))
+
+
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(),
-        lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+        lambda children: st.lists(children) | st.dictionaries(BMP_KEYS, children),
         max_leaves=25,
     )
 )
 def test_canonical_json_without_floats_is_sorted_and_has_no_whitespace(value: Any) -> None:
-    # Without floats (and keys beyond the Basic Multilingual Plane, which hypothesis rarely
-    # draws and the UTF-16 test covers), RFC 8785 is Python's sorted, compact JSON.
+    # Without floats, and with keys in the Basic Multilingual Plane, RFC 8785 is Python's
+    # sorted, compact JSON.
     canonical = canonical_json(value)
 
     assert canonical == json.dumps(

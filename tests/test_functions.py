@@ -321,6 +321,7 @@ def slow_leased_charge(reference: str) -> int:
 
 
 @pytest.mark.postgresql
+@pytest.mark.mariadb
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("function", [slow_waiting_charge, slow_leased_charge])
 def test_twenty_threads_waiting_all_get_the_one_stored_result(function: Any) -> None:
@@ -332,6 +333,7 @@ def test_twenty_threads_waiting_all_get_the_one_stored_result(function: Any) -> 
 
 
 @pytest.mark.postgresql
+@pytest.mark.mariadb
 @pytest.mark.django_db(transaction=True)
 def test_twenty_threads_rejecting_run_once_and_the_rest_are_told_it_is_in_progress() -> None:
     results = _race(slow_rejecting_charge, "race-reject")

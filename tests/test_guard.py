@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import threading
 import time
+from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.test import Client, override_settings
+from django.test.client import AsyncClient
 from django.utils import timezone
 
 from django_idempotency import idempotent
@@ -103,3 +109,74 @@ def test_a_malformed_multipart_body_is_400_not_500(client: Client) -> None:
 
     assert_problem(response, 400, "malformed-request")
     assert not IdempotencyRecord.objects.exists()
+
+
+# A forgotten `migrate`: the 503 says why in the log.
+
+
+@pytest.mark.usefixtures("records_table_missing")
+@pytest.mark.parametrize("url", [URL, "/viewset/charges/"])
+def test_a_missing_records_table_is_503_and_the_log_says_run_migrate(
+    client: Client, caplog: pytest.LogCaptureFixture, url: str
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="django_idempotency"):
+        response = post(client, url)
+
+    assert_problem(response, 503, "store-unavailable")
+    assert Charge.objects.count() == 0
+    ours = [record for record in caplog.records if record.name == "django_idempotency"]
+    assert [record.getMessage() for record in ours] == [
+        "Idempotency store unusable: The table django_idempotency_record does not exist in the"
+        " database 'default': run `python manage.py migrate django_idempotency`."
+    ]
+
+
+@pytest.mark.usefixtures("database_down")
+def test_an_unreachable_database_is_logged_as_unreachable(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="django_idempotency"):
+        assert_problem(post(client, URL), 503, "store-unavailable")
+
+    assert "Idempotency store unreachable" in caplog.text
+    assert "migrate" not in caplog.text
+
+
+# on_conflict="wait" in an async view: it waits on the event loop, not on Django's sync thread.
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=5)
+def test_an_async_duplicate_waits_without_blocking_the_shared_sync_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    blocking_sleeps: list[float] = []
+    monkeypatch.setattr(time, "sleep", blocking_sleeps.append)
+
+    async def scenario() -> tuple[Any, Any, int]:
+        client = AsyncClient()
+        body = json.dumps({"amount": 10, "async_sleep": 0.5})
+        headers = {"Idempotency-Key": "async-wait"}
+
+        def send() -> Any:
+            return client.post("/async/charges/", body, "application/json", headers=headers)
+
+        first = asyncio.ensure_future(send())
+        await asyncio.sleep(0.15)  # The first request holds the key now.
+        duplicate = asyncio.ensure_future(send())
+        # A third coroutine keeps using the sync thread every other request needs.
+        pings = 0
+        while not duplicate.done():
+            await sync_to_async(lambda: None)()
+            pings += 1
+            await asyncio.sleep(0.01)
+        return await first, await duplicate, pings
+
+    first, duplicate, pings = asyncio.run(scenario())
+
+    assert first.status_code == duplicate.status_code == 201
+    assert duplicate["Idempotent-Replayed"] == "true"
+    assert duplicate.content == first.content
+    assert Charge.objects.count() == 1
+    assert blocking_sleeps == []
+    assert pings >= 10  # It kept running all along the wait.

@@ -77,6 +77,12 @@ PROBE = textwrap.dedent(
             contrib[name] = {{"error": type(exc).__name__, "name": exc.name, "message": str(exc)}}
         else:
             contrib[name] = None
+    # A module of a contrib package that needs the framework its package does not.
+    name = "django_idempotency.contrib.rest_framework.errors"
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        contrib[name] = {{"error": type(exc).__name__, "name": exc.name, "message": str(exc)}}
     call_command("check", fail_level="ERROR")
 
     from django_idempotency import tasks
@@ -142,6 +148,26 @@ def test_contrib_packages_fail_only_for_their_missing_dependency(probe: dict[str
         if failure is not None:
             assert failure["error"] == "ModuleNotFoundError", (name, failure)
             assert failure["name"].partition(".")[0] in OPTIONAL_MODULES, (name, failure)
+
+
+@pytest.mark.parametrize(
+    ("module", "extra"),
+    [
+        ("celery", "celery"),
+        ("prometheus", "prometheus"),
+        ("drf_spectacular", "spectacular"),
+        ("rest_framework.errors", "drf"),
+    ],
+)
+def test_a_contrib_module_without_its_extra_names_the_extra_to_install(
+    probe: dict[str, Any], module: str, extra: str
+) -> None:
+    failure = probe["contrib"][f"django_idempotency.contrib.{module}"]
+
+    assert failure["error"] == "ModuleNotFoundError"
+    assert failure["message"].endswith(
+        f': install it with pip install "django-idempotency[{extra}]"'
+    )
 
 
 # Plain Django views, as a project without DRF writes them.

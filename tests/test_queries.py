@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from tests.factories import IdempotencyRecordFactory
 from tests.utils import fingerprint_of, post
 
-pytestmark = pytest.mark.postgresql
+pytestmark = [pytest.mark.postgresql, pytest.mark.mariadb]
 
 URL = "/viewset/charges/"
 TRANSACTION_CONTROL = {"BEGIN", "COMMIT", "ROLLBACK"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ from django.test.client import encode_multipart
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores.dialects import dialect_for
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.models import Charge
 from tests.utils import assert_problem, fingerprint_of, lose_database, post
@@ -231,7 +233,8 @@ def before_take_over() -> Iterator[Callable[[Callable[[Any], None]], None]]:
     acts: list[Callable[[Any], None]] = []
 
     def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if sql.startswith("UPDATE") and "lease_token" in sql and acts:
+        update = sql.removeprefix(dialect_for(connection).no_wait).startswith("UPDATE")
+        if update and "lease_token" in sql and acts:
             acts.pop()(context["cursor"])
         return execute(sql, params, many, context)
 
@@ -326,6 +329,7 @@ def test_sqlite_immediate_mode_answers_a_busy_writer_with_409() -> None:
 
 
 @pytest.mark.postgresql
+@pytest.mark.mariadb
 @pytest.mark.parametrize("mode", ["atomic", "lease"])
 def test_a_dead_persistent_connection_is_replaced_before_the_guard_answers(
     settings: Any, mode: str
@@ -333,8 +337,7 @@ def test_a_dead_persistent_connection_is_replaced_before_the_guard_answers(
     settings.IDEMPOTENCY_MODE = mode
     client = Client()
     post(client, "/function/charges/", key="warm-up")  # The connection now exists; kept open.
-    backend = connection.connection.info.backend_pid
-    _terminate(backend)  # What a database restart does to every connection it had.
+    _terminate(connection)  # What a database restart does to every connection it had.
 
     response = post(client, "/function/charges/", key="after-restart")
 
@@ -342,15 +345,22 @@ def test_a_dead_persistent_connection_is_replaced_before_the_guard_answers(
     assert Charge.objects.filter(reference="after-restart").count() == 1
 
 
-def _terminate(backend: int) -> None:
-    """End a server process from a connection of our own, as a database administrator would."""
+def _terminate(victim: Any) -> None:
+    """End the server process behind the `victim` connection from a connection of our own, as
+    a database administrator would."""
+    params = victim.get_connection_params()
+    if victim.vendor == "mysql":
+        import MySQLdb
+
+        with contextlib.closing(MySQLdb.connect(**params)) as admin, admin.cursor() as cursor:
+            cursor.execute("KILL %s", [victim.connection.thread_id()])
+        return
     import psycopg
 
-    params = connection.get_connection_params()
     for name in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
         params.pop(name, None)
     with psycopg.connect(**params, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", [backend])
+        admin.execute("SELECT pg_terminate_backend(%s)", [victim.connection.info.backend_pid])
 
 
 # 8. An async view whose client disconnects

@@ -31,7 +31,7 @@ from tests import urls, views
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = "application/problem+json"
 PROBLEM_REF = {"$ref": "#/components/schemas/IdempotencyProblem"}
-BASE_URL = "https://github.com/django-idempotency/django-idempotency/blob/main/docs/errors.md#"
+BASE_URL = "tag:django-idempotency.github.io,2026:"
 
 
 class ChargeSerializer(serializers.Serializer):

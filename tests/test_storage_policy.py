@@ -10,7 +10,7 @@ from django.test import Client, override_settings
 
 from django_idempotency.models import IdempotencyRecord
 from tests.models import Charge
-from tests.utils import post
+from tests.utils import assert_problem, post
 
 pytestmark = pytest.mark.django_db
 
@@ -140,3 +140,59 @@ def test_under_atomic_requests_a_returned_500_releases_the_key(
     # released all the same, so the retry runs.
     assert not IdempotencyRecord.objects.exists()
     assert post(client, URL).status_code == 201
+
+
+# IDEMPOTENCY_MAX_STORED_BYTES: a response too large to keep still never runs twice.
+
+BINARY = "/binary/"  # Answers 1024 bytes.
+
+
+def test_a_response_over_the_limit_is_kept_without_its_body_and_never_runs_again(
+    client: Client, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with override_settings(IDEMPOTENCY_MAX_STORED_BYTES=1023):
+        first = client.post(BINARY, headers={"Idempotency-Key": "big-1"})
+        retry = client.post(BINARY, headers={"Idempotency-Key": "big-1"})
+
+    assert first.status_code == 200
+    assert len(first.content) == 1024  # The first client gets the whole response.
+    problem = assert_problem(retry, 410, "response-not-stored")
+    assert problem["title"] == "Response too large to replay"
+    assert "status 200" in problem["detail"]
+    assert "1024 bytes" in problem["detail"]
+    assert Charge.objects.count() == 1
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, bytes(record.response_body), record.response_status) == (
+        "completed",
+        b"",
+        200,
+    )
+    assert "over IDEMPOTENCY_MAX_STORED_BYTES (1023)" in caplog.text
+
+
+def test_a_response_at_the_limit_is_replayed(client: Client) -> None:
+    with override_settings(IDEMPOTENCY_MAX_STORED_BYTES=1024):
+        first = client.post(BINARY, headers={"Idempotency-Key": "big-1"})
+        retry = client.post(BINARY, headers={"Idempotency-Key": "big-1"})
+
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+
+
+def test_no_limit_stores_every_body(client: Client) -> None:
+    with override_settings(IDEMPOTENCY_MAX_STORED_BYTES=None):
+        first = client.post(BINARY, headers={"Idempotency-Key": "big-1"})
+        retry = client.post(BINARY, headers={"Idempotency-Key": "big-1"})
+
+    assert retry.content == first.content
+
+
+def test_a_created_resource_too_large_to_replay_keeps_its_location(client: Client) -> None:
+    with override_settings(IDEMPOTENCY_MAX_STORED_BYTES=0):
+        first = post(client, "/viewset/charges/", key="big-2")
+        retry = post(client, "/viewset/charges/", key="big-2")
+
+    assert first.status_code == 201
+    assert_problem(retry, 410, "response-not-stored")
+    assert retry["Location"] == first["Location"]
+    assert "Idempotent-Replayed" not in retry

@@ -11,6 +11,9 @@ from django.test.client import AsyncClient
 
 from django_idempotency.core.fingerprint import canonical_json, fingerprint
 
+# The default problem types: RFC 4151 tag URIs (IDEMPOTENCY_PROBLEM_BASE_URL changes the prefix).
+PROBLEM_TYPE_PREFIX = "tag:django-idempotency.github.io,2026:"
+
 
 class ViewKind(enum.Enum):
     """Every view shape `@idempotent` supports, with its URL and namespace."""
@@ -62,7 +65,7 @@ def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:
     problem = json.loads(response.content)
     assert set(problem) == {"type", "title", "status", "detail"}
     assert problem["status"] == status
-    assert problem["type"].endswith("#" + slug)
+    assert problem["type"] == PROBLEM_TYPE_PREFIX + slug
     assert problem["detail"]
     return problem  # type: ignore[no-any-return]
 

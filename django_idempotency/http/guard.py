@@ -4,30 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
-from django.db import DatabaseError
-from django.http import HttpResponse, UnreadablePostError
+from django.db import DatabaseError, ProgrammingError
+from django.http import UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 
-from django_idempotency.attempts import Attempt
+from django_idempotency.attempts import FIRST_DELAY, Attempt, next_delay
 from django_idempotency.conf import conf
 from django_idempotency.core.fingerprint import UnreadableBody
 from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
-from django_idempotency.exceptions import DeliveryRejected
+from django_idempotency.exceptions import DeliveryRejected, StoreNotSupported
 from django_idempotency.http import problems
 from django_idempotency.http.options import Options, Resolved, resolve
 from django_idempotency.http.requests import SAFE_METHODS, django_request
-from django_idempotency.http.responses import capture, replay
+from django_idempotency.http.responses import capture, replay, without_body
 from django_idempotency.stores import ClaimRequest, StoreUnavailable
 from django_idempotency.stores.connections import on_a_live_connection
 
@@ -53,12 +54,15 @@ class Guard:
         finalize: Finalize | None = None,
         *,
         force_lease: bool = False,
+        poll: bool = False,
     ) -> None:
         self.request = request
         self.options = options
         self.view = view
         self.finalize = finalize
         self.force_lease = force_lease
+        self.poll = poll  # The caller waits for a running duplicate (see `run_async`).
+        self.may_wait = False  # The key is in progress, and the view waits for it.
         self.attempt: Attempt | None = None
 
     def __enter__(self) -> Guard:
@@ -123,6 +127,8 @@ class Guard:
         attempt = self.attempt = Attempt(
             atomic=settings.mode == "atomic" and not self.force_lease,
             on_conflict=settings.on_conflict,
+            request=django_request(self.request),
+            poll=self.poll,
         )
         claim_request = ClaimRequest(
             scope=scope,
@@ -136,7 +142,12 @@ class Guard:
         try:
             claim = attempt.begin(claim_request)
         except StoreUnavailable as exc:
-            logger.error("Idempotency store unreachable: %s", exc)
+            _log_unreachable(exc)
+            return _unavailable()
+        except ProgrammingError:
+            # PostgreSQL reports a missing table so (SQLite as unreachable, above).
+            if not _log_unreachable(None):
+                raise
             return _unavailable()
         outcome = claim.outcome
         if outcome is Outcome.FRESH:
@@ -150,6 +161,7 @@ class Guard:
                 "This key was already used for a different request (method, path or body "
                 "differ): send a new key for a new request.",
             )
+        self.may_wait = self.poll and settings.on_conflict == "wait"
         return problems.problem_response(
             problems.IN_PROGRESS,
             "A request with this key is still being processed: retry after a moment.",
@@ -180,6 +192,17 @@ class Guard:
         ):
             attempt.release()  # Nothing happened: the view's writes go with the claim.
             return response
+        limit = conf.MAX_STORED_BYTES
+        if limit is not None and len(stored.body) > limit:
+            # Releasing the key would let a retry run the view again: keep the outcome instead.
+            logger.warning(
+                "A response body of %d bytes is over IDEMPOTENCY_MAX_STORED_BYTES (%d): its "
+                "status and headers were stored without it, and retries get 410 "
+                "response-not-stored.",
+                len(stored.body),
+                limit,
+            )
+            stored = without_body(stored)
         try:
             attempt.complete(stored)
         except StoreUnavailable as exc:
@@ -210,7 +233,7 @@ BODY_ERRORS = (
 )
 
 
-def body_problem(exc: Exception) -> HttpResponse:
+def body_problem(exc: Exception) -> problems.ProblemResponse:
     """The problem answering a body that cannot be read or compared (one of BODY_ERRORS)."""
     if isinstance(exc, RequestDataTooBig):
         return problems.problem_response(
@@ -224,7 +247,41 @@ def body_problem(exc: Exception) -> HttpResponse:
     return problems.problem_response(problems.MALFORMED_REQUEST, str(exc))
 
 
-def _unavailable() -> HttpResponse:
+def shaped(response: HttpResponseBase, request: Any) -> HttpResponseBase:
+    """The guard's own answer as it leaves a view: problem+json, or, with
+    IDEMPOTENCY_ERROR_FORMAT = "drf" in a DRF view, a DRF exception for its exception handler.
+
+    Raised once the guard is done, so no transaction is open and no claim is held.
+    """
+    if (
+        isinstance(response, problems.ProblemResponse)
+        and conf.ERROR_FORMAT == "drf"
+        and django_request(request) is not request  # A DRF Request wrapping the HttpRequest.
+    ):
+        from django_idempotency.contrib.rest_framework.errors import IdempotencyProblem
+
+        raise IdempotencyProblem(response)
+    return response
+
+
+def _log_unreachable(exc: Exception | None) -> bool:
+    """Log why the store failed; True when it is because `migrate` has not created its table."""
+    # Imported here: the models cannot be imported with the package, before apps are ready.
+    from django_idempotency.schema import missing_table, missing_table_message, records_database
+
+    if isinstance(exc, StoreNotSupported):  # Its message names the database and what to do.
+        logger.error("Idempotency store unusable: %s", exc)
+        return False
+    alias = records_database()
+    if alias is not None and missing_table(alias):
+        logger.error("Idempotency store unusable: %s", missing_table_message(alias))
+        return True
+    if exc is not None:
+        logger.error("Idempotency store unreachable: %s", exc)
+    return False
+
+
+def _unavailable() -> problems.ProblemResponse:
     return problems.problem_response(
         problems.STORE_UNAVAILABLE,
         "The idempotency store cannot be reached, so the request was not run: retry later.",
@@ -253,6 +310,16 @@ def run(
     """Guard a synchronous view call."""
     if not conf.ENABLED:
         return call()
+    return shaped(_run(call, request, options, view, finalize), request)
+
+
+def _run(
+    call: Callable[[], HttpResponseBase],
+    request: Any,
+    options: Options,
+    view: Any,
+    finalize: Finalize | None,
+) -> HttpResponseBase:
     guard = Guard(request, options, view, finalize)
     try:
         with guard:
@@ -283,8 +350,16 @@ async def run_async(
     """
     if not conf.ENABLED:
         return await call()
-    guard = Guard(request, options, view, force_lease=True)
+    return shaped(await _run_async(call, request, options, view), request)
+
+
+async def _run_async(
+    call: Callable[[], Awaitable[HttpResponseBase]], request: Any, options: Options, view: Any
+) -> HttpResponseBase:
+    guard = Guard(request, options, view, force_lease=True, poll=True)
     early = await sync_to_async(guard.prepare)()
+    if guard.may_wait:
+        guard, early = await _wait(guard, early)
     if early is not None:
         return early
     task = asyncio.ensure_future(_run_guarded(call, guard))
@@ -294,6 +369,26 @@ async def run_async(
         _detached.add(task)  # Keep a reference until it ends, or it may be collected mid-run.
         task.add_done_callback(_detached.discard)
         raise
+
+
+async def _wait(guard: Guard, early: HttpResponseBase | None) -> tuple[Guard, Any]:
+    """on_conflict="wait" in an async view: try again with backoff until the deadline, sleeping
+    with asyncio.sleep: a blocking sleep would hold Django's one shared sync thread, and with it
+    every other request's sync_to_async calls."""
+    started = time.perf_counter()
+    deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
+    delay = FIRST_DELAY
+    while guard.may_wait:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            assert guard.attempt is not None
+            await sync_to_async(guard.attempt.announce_conflict)(time.perf_counter() - started)
+            break
+        await asyncio.sleep(min(delay, remaining))
+        delay = next_delay(delay)
+        guard = Guard(guard.request, guard.options, guard.view, force_lease=True, poll=True)
+        early = await sync_to_async(guard.prepare)()
+    return guard, early
 
 
 # Guarded views whose caller was cancelled (the client left), still running to completion.

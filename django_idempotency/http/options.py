@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
+
+from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency.conf import (
     MODES,
@@ -15,8 +17,19 @@ from django_idempotency.conf import (
     check_options,
     choice,
     conf,
+    to_bool,
     to_timedelta,
 )
+
+# A view's class attributes and the option each stands in for.
+VIEW_ATTRIBUTES = {
+    "idempotency_required": "required",
+    "idempotency_ttl": "ttl",
+    "idempotency_mode": "mode",
+    "idempotency_on_conflict": "on_conflict",
+    "idempotency_namespace": "namespace",
+    "idempotency_header": "header",
+}
 
 
 @dataclass(frozen=True)
@@ -33,7 +46,12 @@ class Options:
 
     def __post_init__(self) -> None:
         check_options(
-            self.mode, self.on_conflict, self.ttl, namespace=self.namespace, header=self.header
+            self.mode,
+            self.on_conflict,
+            self.ttl,
+            namespace=self.namespace,
+            header=self.header,
+            required=self.required,
         )
 
 
@@ -78,3 +96,30 @@ def resolve(options: Options, view: Any) -> Resolved:
 
 def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
+
+
+def is_exempt(*views: Any) -> bool:
+    """Whether any of these (view, handler, URL callback) opted out of the project-wide guard."""
+    return any(
+        to_bool(getattr(view, "idempotency_exempt", False), "idempotency_exempt") for view in views
+    )
+
+
+def attribute_errors(view: Any) -> Iterator[tuple[str, Any, str]]:
+    """(attribute, value, why) for each ``idempotency_*`` attribute a request would refuse.
+
+    The same validation as the decorator's options, so `manage.py check` reports what the first
+    request would otherwise fail on.
+    """
+    for attribute, option in VIEW_ATTRIBUTES.items():
+        value = getattr(view, attribute, None)
+        if value is None:
+            continue
+        try:
+            Options(**{option: value})
+        except ImproperlyConfigured as exc:
+            yield attribute, value, str(exc)
+    try:
+        is_exempt(view)
+    except ImproperlyConfigured as exc:
+        yield "idempotency_exempt", view.idempotency_exempt, str(exc)

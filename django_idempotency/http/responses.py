@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from http.client import responses
 
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 
 from django_idempotency.core.outcomes import StoredResponse
+from django_idempotency.http import problems
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+# Stored with the headers of a response whose body was too large to keep. Not a field name
+# (RFC 9110 tokens have no colon), so no view can set it.
+BODY_NOT_STORED = ":body-not-stored"
 
 # Per-connection or per-moment headers: replaying them would be wrong, and cookies could leak a
 # session. Content-Length is recomputed from the stored body.
@@ -47,7 +52,17 @@ def capture(response: HttpResponseBase) -> StoredResponse | None:
     )
 
 
+def without_body(stored: StoredResponse) -> StoredResponse:
+    """The status and headers of a response too large to keep, marked so no replay sends them
+    as if they were the whole response."""
+    marker = (BODY_NOT_STORED, str(len(stored.body)))
+    return replace(stored, headers=[*stored.headers, marker], body=b"")
+
+
 def replay(stored: StoredResponse) -> HttpResponse:
+    omitted = next((value for name, value in stored.headers if name == BODY_NOT_STORED), None)
+    if omitted is not None:
+        return _not_stored(stored, omitted)
     headers = dict(stored.headers)
     if _may_carry_length(stored):
         headers["Content-Length"] = str(len(stored.body))
@@ -63,3 +78,16 @@ def replay(stored: StoredResponse) -> HttpResponse:
 def _may_carry_length(stored: StoredResponse) -> bool:
     """RFC 9110 §8.6: no Content-Length on a 1xx or 204 (nor on a 304, which has no body)."""
     return stored.status >= 200 and stored.status not in (204, 304)
+
+
+def _not_stored(stored: StoredResponse, size: str) -> HttpResponse:
+    problem = problems.problem_response(
+        problems.RESPONSE_NOT_STORED,
+        f"The first request with this key completed with status {stored.status}, but its "
+        f"response ({size} bytes) was too large to keep, so it cannot be replayed. It was not "
+        "run again: read its result from the API instead.",
+    )
+    location = next((value for name, value in stored.headers if name.lower() == "location"), None)
+    if location is not None:  # Where a created resource can be read.
+        problem["Location"] = location
+    return problem

@@ -8,13 +8,12 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
-from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from django.db import (
     DatabaseError,
+    IntegrityError,
     InterfaceError,
-    NotSupportedError,
     OperationalError,
     connections,
     router,
@@ -22,6 +21,7 @@ from django.db import (
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import QuerySet
+from django.db.models.sql import UpdateQuery
 
 from django_idempotency.conf import conf
 from django_idempotency.core.outcomes import (
@@ -43,23 +43,15 @@ from django_idempotency.stores.base import (
     StoreUnavailable,
 )
 from django_idempotency.stores.connections import on_a_live_connection
+from django_idempotency.stores.dialects import (
+    MARIADB_DUPLICATE_KEY,
+    MARIADB_LOCK_NOT_GRANTED,
+    MariaDB,
+    PostgreSQL,
+    dialect_for,
+)
 from django_idempotency.stores.statements import RECORD_COLUMNS, RecordRow
 
-# The columns a claim writes, in the order of `_claim_params`.
-_INSERTED = (
-    "namespace",
-    "owner",
-    "key",
-    "fingerprint",
-    "status",
-    "method",
-    "path",
-    "response_headers",
-    "lease_token",
-    "lease_expires_at",
-    "created_at",
-    "expires_at",
-)
 _UNREACHABLE = (OperationalError, InterfaceError)
 
 
@@ -88,17 +80,21 @@ class DatabaseStore(BaseStore):
         try:
             row = on_a_live_connection(lambda: self._find(connection, request.scope))
         except _UNREACHABLE as exc:
-            if _is_sqlite_busy(connection, exc):
+            if _is_busy(connection, exc):
                 return None  # `begin` decides, answering 409 if SQLite stays busy.
             raise StoreUnavailable(str(exc)) from exc
         if row is None or _abandoned(row, request):
             return None
         return self._answer(row, request)
 
-    def _find(self, connection: BaseDatabaseWrapper, scope: Scope) -> RecordRow | None:
-        return _fetch_one(
-            connection, self._sql["lookup"], [scope.namespace, scope.owner, scope.key]
-        )
+    def _find(
+        self, connection: BaseDatabaseWrapper, scope: Scope, *, locking: bool = False
+    ) -> RecordRow | None:
+        """The key's record. `locking`: inside a claim, the latest committed version even
+        where the transaction's snapshot is older (MariaDB's REPEATABLE READ)."""
+        dialect = dialect_for(connection)
+        sql = dialect.locking_lookup if locking else dialect.lookup
+        return _fetch_one(connection, sql, [scope.namespace, scope.owner, scope.key])
 
     def begin(self, request: ClaimRequest) -> Claim:
         connection = self.connection
@@ -116,14 +112,16 @@ class DatabaseStore(BaseStore):
                 if taken is None:
                     # Purged or taken by another retry since the read: answer from what the
                     # database holds now, never from the stale row.
-                    row = self._find(connection, request.scope)
+                    row = self._find(connection, request.scope, locking=True)
                     if row is None or _abandoned(row, request):
                         return Claim(Outcome.IN_PROGRESS)
                 else:
                     row, claimed = taken, True
         except _UNREACHABLE as exc:
-            if _is_sqlite_busy(connection, exc):
-                return Claim(Outcome.IN_PROGRESS)  # SQLite's single writer is busy elsewhere.
+            if _is_busy(connection, exc):
+                # SQLite's single writer is busy elsewhere, or MariaDB's row is locked by
+                # another transaction claiming the key.
+                return Claim(Outcome.IN_PROGRESS)
             raise StoreUnavailable(str(exc)) from exc
         if claimed:
             return Claim(
@@ -167,9 +165,16 @@ class DatabaseStore(BaseStore):
     ) -> tuple[RecordRow | None, bool]:
         """One statement: insert the claim, or return the record already holding the key; and
         whether the key was held by a claim for another request (only PostgreSQL can tell)."""
-        sql, params = self._claim_statement(connection, request, token)
+        dialect = dialect_for(connection)
+        params = self._claim_params(connection, request, token)
+        if isinstance(dialect, MariaDB):
+            return self._insert_or_find_mariadb(connection, dialect, request, params), False
+        scope = request.scope
+        if isinstance(dialect, PostgreSQL):
+            locks = [_identity_lock_id(request), _lock_id(scope.namespace, scope.owner, scope.key)]
+            params = [*locks, *params, scope.namespace, scope.owner, scope.key]
         with statements.cursor(connection) as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(dialect.claim, params)
             values = cursor.fetchone()
         row = None if values is None or values[0] is None else statements.to_row(values)
         flags: Sequence[Any] = () if values is None else values[len(RECORD_COLUMNS) :]
@@ -181,6 +186,38 @@ class DatabaseStore(BaseStore):
             row = self._find(connection, request.scope)
         return row, held_by_another_request
 
+    def _insert_or_find_mariadb(
+        self,
+        connection: BaseDatabaseWrapper,
+        dialect: MariaDB,
+        request: ClaimRequest,
+        params: list[Any],
+    ) -> RecordRow | None:
+        """The insert, or the committed record its duplicate key names. A claim not yet
+        committed raises MariaDB's lock error, answered as in progress by `begin`."""
+        try:
+            with statements.cursor(connection) as cursor:
+                cursor.execute(dialect.claim, params)
+                pk = cursor.lastrowid
+        except IntegrityError as exc:
+            if exc.args and exc.args[0] != MARIADB_DUPLICATE_KEY:
+                raise
+            return self._find(connection, request.scope, locking=True)
+        return RecordRow(
+            pk=int(pk),
+            fingerprint=request.fingerprint,
+            method=request.method,
+            path=request.path,
+            status=Status.IN_PROGRESS.value,
+            response_status=None,
+            response_reason="",
+            response_headers=[],
+            response_body=None,
+            lease_expires_at=_lease_end(request),
+            expires_at=request.now + request.ttl,
+            claimed=True,
+        )
+
     def _take_over(self, row: RecordRow, request: ClaimRequest, token: str) -> RecordRow | None:
         """Claim an abandoned record; None if a concurrent request or the purge got there first."""
         now = request.now
@@ -190,13 +227,13 @@ class DatabaseStore(BaseStore):
             method=request.method,
             path=request.path,
             status=Status.IN_PROGRESS.value,
-            lease_expires_at=now + request.lease if request.lease is not None else None,
+            lease_expires_at=_lease_end(request),
             expires_at=now + request.ttl,
         )
-        updated = (
-            IdempotencyRecord.objects.using(self.alias)
-            .filter(reclaimable(now), pk=row.pk)
-            .update(
+        record = IdempotencyRecord.objects.using(self.alias).filter(reclaimable(now), pk=row.pk)
+        update = cast(UpdateQuery, record.query.chain(UpdateQuery))
+        update.add_update_values(
+            dict(
                 fingerprint=row.fingerprint,
                 status=row.status,
                 method=request.method,
@@ -212,7 +249,13 @@ class DatabaseStore(BaseStore):
                 expires_at=row.expires_at,
             )
         )
-        return row if updated == 1 else None
+        sql, params = update.get_compiler(self.alias).as_sql()
+        # Raw, not QuerySet.update: a row another claim holds must not doom the caller's
+        # transaction (MariaDB), only answer this request as in progress.
+        connection = self.connection
+        with statements.cursor(connection) as cursor:
+            cursor.execute(dialect_for(connection).no_wait + sql, params)
+            return row if cursor.rowcount == 1 else None
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
         assert claim.record_id is not None and claim.lease_token is not None
@@ -229,7 +272,7 @@ class DatabaseStore(BaseStore):
             claim.lease_token,  # Fencing: only while the claim still holds its lease token.
         ]
         with _reachable(connection), statements.cursor(connection) as cursor:
-            cursor.execute(self._sql["complete"], params)
+            cursor.execute(dialect_for(connection).complete, params)
             return bool(cursor.rowcount == 1)
 
     def release(self, claim: Claim) -> bool:
@@ -252,8 +295,8 @@ class DatabaseStore(BaseStore):
             records = records.filter(namespace=namespace)
         if dry_run:
             return PurgeResult(
-                expired=records.filter(status=Status.COMPLETED).count(),
-                abandoned=records.filter(status=Status.IN_PROGRESS).count(),
+                expired=records.filter(status=Status.COMPLETED.value).count(),
+                abandoned=records.filter(status=Status.IN_PROGRESS.value).count(),
             )
         result = PurgeResult()
         while deleted := self._purge_batch(records, batch_size):
@@ -273,20 +316,30 @@ class DatabaseStore(BaseStore):
     ) -> list[tuple[str, str, str, str]]:
         """Delete one batch in its own short transaction; return (status, *scope) per row."""
         fields = ("status", "namespace", "owner", "key")
-        if self.connection.vendor == "postgresql":
+        connection = self.connection
+        dialect = dialect_for(connection)
+        if isinstance(dialect, PostgreSQL):
             # One statement a batch; SKIP LOCKED leaves rows a live claim is taking over alone.
             batch = records.values("pk")[:batch_size].select_for_update(skip_locked=True)
-            table = _q(IdempotencyRecord._meta.db_table)
-            with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            q = dialect.quote
+            with transaction.atomic(using=self.alias), connection.cursor() as cursor:
                 inner_sql, params = batch.query.sql_with_params()
                 # MATERIALIZED: as a plain IN (subquery) the planner may rescan the LIMIT
                 # subquery once per row and delete far more than one batch.
                 cursor.execute(
                     f"WITH batch (batch_id) AS MATERIALIZED ({inner_sql}) "
-                    f"DELETE FROM {table} WHERE {_q('id')} IN (SELECT batch_id FROM batch) "
-                    f"RETURNING {', '.join(_q(f) for f in fields)}",
+                    f"DELETE FROM {dialect.table} WHERE {q('id')} IN (SELECT batch_id FROM batch) "
+                    f"RETURNING {', '.join(q(f) for f in fields)}",
                     params,
                 )
+                return [tuple(row) for row in cursor.fetchall()]
+        if isinstance(dialect, MariaDB):
+            outer_transaction = connection.in_atomic_block
+            where, params = records.query.get_compiler(self.alias).compile(records.query.where)
+            with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+                if not outer_transaction:
+                    cursor.execute(dialect.read_committed)
+                cursor.execute(dialect.delete_returning(where, batch_size), params)
                 return [tuple(row) for row in cursor.fetchall()]
         with transaction.atomic(using=self.alias):
             rows = list(records.values_list("pk", *fields)[:batch_size])
@@ -312,7 +365,7 @@ class DatabaseStore(BaseStore):
             except OperationalError as exc:
                 # SQLite with "transaction_mode": "IMMEDIATE" takes its single writer's lock at
                 # BEGIN: another request holds it, which is not a lost database.
-                if not entered and _is_sqlite_busy(connection, exc):
+                if not entered and _is_busy(connection, exc):
                     raise StoreBusy(str(exc)) from exc
                 raise
 
@@ -329,33 +382,11 @@ class DatabaseStore(BaseStore):
             pk=claim.record_id, lease_token=claim.lease_token
         )
 
-    def _claim_statement(
-        self, connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
-    ) -> tuple[str, list[Any]]:
-        params = self._claim_params(connection, request, token)
-        scope = request.scope
-        if connection.vendor == "postgresql":
-            return self._sql["postgresql"], [
-                _identity_lock_id(request),
-                _lock_id(scope.namespace, scope.owner, scope.key),
-                *params,
-                scope.namespace,
-                scope.owner,
-                scope.key,
-            ]
-        if connection.vendor == "sqlite":
-            return self._sql["sqlite"], params
-        raise NotSupportedError(
-            f"DatabaseStore supports PostgreSQL and SQLite, not {connection.vendor}; "
-            "set IDEMPOTENCY_DATABASE to one of those."
-        )
-
     @staticmethod
     def _claim_params(
         connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
     ) -> list[Any]:
         ops = connection.ops
-        lease_expires_at = request.now + request.lease if request.lease is not None else None
         return [
             request.scope.namespace,
             request.scope.owner,
@@ -366,36 +397,10 @@ class DatabaseStore(BaseStore):
             request.path,
             ops.adapt_json_value([], None),
             token,
-            ops.adapt_datetimefield_value(lease_expires_at),
+            ops.adapt_datetimefield_value(_lease_end(request)),
             ops.adapt_datetimefield_value(request.now),
             ops.adapt_datetimefield_value(request.now + request.ttl),
         ]
-
-    @cached_property
-    def _sql(self) -> dict[str, str]:
-        table = _q(IdempotencyRecord._meta.db_table)
-        columns = ", ".join(_q(c) for c in RECORD_COLUMNS)
-        scope = f"{_q('namespace')} = %s AND {_q('owner')} = %s AND {_q('key')} = %s"
-        completed = ", ".join(
-            f"{_q(c)} = %s"
-            for c in (
-                "status",
-                "response_status",
-                "response_reason",
-                "response_headers",
-                "response_body",
-            )
-        )
-        return {
-            "postgresql": _postgresql_claim_sql(),
-            "sqlite": _sqlite_claim_sql(),
-            "lookup": f"SELECT {columns} FROM {table} WHERE {scope}",
-            "complete": (
-                f"UPDATE {table} SET {completed}, {_q('completed_at')} = %s, "
-                f"{_q('lease_expires_at')} = NULL "
-                f"WHERE {_q('id')} = %s AND {_q('lease_token')} = %s"
-            ),
-        }
 
 
 @contextlib.contextmanager
@@ -421,8 +426,17 @@ def _fetch_one(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> 
     return None if values is None else statements.to_row(values)
 
 
-def _is_sqlite_busy(connection: BaseDatabaseWrapper, exc: Exception) -> bool:
-    return connection.vendor == "sqlite" and "locked" in str(exc)
+def _is_busy(connection: BaseDatabaseWrapper, exc: Exception) -> bool:
+    """Not a lost database: SQLite's single writer is busy, or a MariaDB row lock is held by
+    another transaction (the claim does not wait for it)."""
+    if connection.vendor == "sqlite":
+        return "locked" in str(exc)
+    code = exc.args[0] if exc.args else None
+    return connection.vendor == "mysql" and code in MARIADB_LOCK_NOT_GRANTED
+
+
+def _lease_end(request: ClaimRequest) -> datetime | None:
+    return request.now + request.lease if request.lease is not None else None
 
 
 def _lock_id(*parts: str) -> int:
@@ -454,47 +468,4 @@ def _stored_response(row: RecordRow) -> StoredResponse:
         headers=[(str(name), str(value)) for name, value in row.response_headers],
         body=row.response_body or b"",
         reason=row.response_reason,
-    )
-
-
-def _q(name: str) -> str:
-    return f'"{name}"'
-
-
-_ON_CONFLICT = f"ON CONFLICT ({_q('namespace')}, {_q('owner')}, {_q('key')}) DO NOTHING"
-
-
-def _postgresql_claim_sql() -> str:
-    table = _q(IdempotencyRecord._meta.db_table)
-    columns = ", ".join(_q(c) for c in RECORD_COLUMNS)
-    found = ", ".join(f"found.{_q(c)}" for c in RECORD_COLUMNS)
-    casts = {"response_headers": "::jsonb", "lease_expires_at": "::timestamptz"}
-    casts |= {"created_at": "::timestamptz", "expires_at": "::timestamptz"}
-    values = ", ".join(f"%s{casts.get(c, '')}" for c in _INSERTED)
-    scope = " AND ".join(f"found.{_q(c)} = %s" for c in ("namespace", "owner", "key"))
-    # Two transaction-scoped advisory locks, the request's identity first, then the key. A
-    # duplicate of the same request fails the first: in progress (409). Another request with
-    # the key takes the first and fails the second: a mismatch (422), told apart even while the
-    # holder's claim is uncommitted and invisible (atomic mode).
-    return (
-        f"WITH identity AS (SELECT pg_try_advisory_xact_lock(%s) AS free), "
-        f"lock AS (SELECT CASE WHEN free THEN pg_try_advisory_xact_lock(%s) ELSE FALSE END "
-        f"AS acquired, free FROM identity), "
-        f"claimed AS (INSERT INTO {table} ({', '.join(_q(c) for c in _INSERTED)}) "
-        f"SELECT {values} FROM lock WHERE lock.acquired {_ON_CONFLICT} "
-        f"RETURNING {columns}) "
-        f"SELECT {columns}, TRUE AS claimed, TRUE AS acquired, TRUE AS free FROM claimed "
-        f"UNION ALL SELECT {found}, FALSE, lock.acquired, lock.free "
-        f"FROM lock LEFT JOIN {table} AS found ON {scope} "
-        f"WHERE NOT EXISTS (SELECT 1 FROM claimed)"
-    )
-
-
-def _sqlite_claim_sql() -> str:
-    table = _q(IdempotencyRecord._meta.db_table)
-    columns = ", ".join(_q(c) for c in RECORD_COLUMNS)
-    values = ", ".join("%s" for _ in _INSERTED)
-    return (
-        f"INSERT INTO {table} ({', '.join(_q(c) for c in _INSERTED)}) VALUES ({values}) "
-        f"{_ON_CONFLICT} RETURNING {columns}, 1 AS claimed"
     )

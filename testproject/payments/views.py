@@ -76,11 +76,14 @@ class RecordedPaymentViewSet(PlainPaymentViewSet):
         with transaction.atomic():
             serializer.save()
             now = timezone.now()
+            columns = (
+                "namespace, owner, key, fingerprint, status, method, path, response_status, "
+                "response_headers, response_body, lease_token, created_at, completed_at, expires_at"
+            )
+            quoted = ", ".join(map(connection.ops.quote_name, columns.split(", ")))
             with connection.cursor() as cursor:
                 cursor.execute(
-                    f"INSERT INTO {IdempotencyRecord._meta.db_table} (namespace, owner, key, "
-                    "fingerprint, status, method, path, response_status, response_headers, "
-                    "response_body, lease_token, created_at, completed_at, expires_at) "
+                    f"INSERT INTO {IdempotencyRecord._meta.db_table} ({quoted}) "
                     "VALUES (%s, '', %s, %s, 'completed', 'POST', %s, 201, '[]', %s, '', "
                     "%s, %s, %s)",
                     [

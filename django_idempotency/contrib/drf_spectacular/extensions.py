@@ -220,7 +220,7 @@ def _document_responses(
                     kind.slug: {
                         "summary": kind.title,
                         "value": {
-                            "type": conf.PROBLEM_BASE_URL + kind.slug,
+                            "type": problems.problem_type(kind),
                             "title": kind.title,
                             "status": kind.status,
                             "detail": "What went wrong with this request and what to do.",

@@ -5,6 +5,11 @@ Installed by the app's `ready()` when prometheus_client is importable; see docs/
 
 from __future__ import annotations
 
-from django_idempotency.contrib.prometheus.metrics import Metrics, get_metrics, install
+from django_idempotency.contrib import missing
+
+try:
+    from django_idempotency.contrib.prometheus.metrics import Metrics, get_metrics, install
+except ModuleNotFoundError as exc:
+    raise missing(exc, "prometheus") from exc
 
 __all__ = ["Metrics", "get_metrics", "install"]

@@ -9,7 +9,7 @@ from typing import Any
 from django_idempotency.conf import Mode, OnConflict, conf
 from django_idempotency.decorators import guarded
 from django_idempotency.http.guard import BODY_ERRORS, body_problem
-from django_idempotency.http.options import Options
+from django_idempotency.http.options import Options, is_exempt
 from django_idempotency.http.requests import keep_body_readable
 from django_idempotency.stores.connections import on_a_live_connection
 
@@ -50,7 +50,12 @@ class IdempotencyMixin:
         # fields is still a problem+json answer on a guarded method, not Django's HTML 400.
         method = getattr(getattr(self, "request", None), "method", None)
         if isinstance(exc, BODY_ERRORS) and method in self.get_idempotent_methods():
-            return body_problem(exc)
+            problem = body_problem(exc)
+            if conf.ERROR_FORMAT != "drf":
+                return problem
+            from django_idempotency.contrib.rest_framework.errors import IdempotencyProblem
+
+            exc = IdempotencyProblem(problem)
         return super().handle_exception(exc)  # type: ignore[misc]
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
@@ -60,6 +65,9 @@ class IdempotencyMixin:
         handler = getattr(self, name, None) if name in self.http_method_names else None  # type: ignore[attr-defined]
         if handler is None or hasattr(handler, "idempotency_options"):
             return  # Unmapped (DRF answers 405) or guarded by its own decorator.
+        route = getattr(request._request.resolver_match, "func", None)
+        if is_exempt(self, handler, route):
+            return
         if request.method in self.get_idempotent_methods():
             # Shadow the handler on this instance only; dispatch() looks it up right after.
             setattr(self, name, guarded(handler, _INHERITED))

@@ -1,0 +1,180 @@
+"""The database store's SQL in each backend's dialect: PostgreSQL, SQLite and MariaDB."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency.exceptions import StoreNotSupported
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores.statements import RECORD_COLUMNS
+
+# The columns a claim writes, in the order of the store's claim parameters.
+INSERTED = (
+    "namespace",
+    "owner",
+    "key",
+    "fingerprint",
+    "status",
+    "method",
+    "path",
+    "response_headers",
+    "lease_token",
+    "lease_expires_at",
+    "created_at",
+    "expires_at",
+)
+_COMPLETED = ("status", "response_status", "response_reason", "response_headers", "response_body")
+_SCOPE = ("namespace", "owner", "key")
+
+# MariaDB's error numbers for a row lock the statement did not get: held by another transaction
+# (with the claim's no-wait rule), or a deadlock InnoDB broke by rolling this transaction back.
+MARIADB_LOCK_NOT_GRANTED = (1205, 1213)
+MARIADB_DUPLICATE_KEY = 1062
+
+
+class Dialect:
+    """The statements every backend shares, quoted by the backend's own rules."""
+
+    vendor = ""
+    # Put before a statement that must not queue behind another transaction's row lock.
+    no_wait = ""
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.quote = connection.ops.quote_name
+        self.table = self.quote(IdempotencyRecord._meta.db_table)
+        self.columns = ", ".join(self.quote(c) for c in RECORD_COLUMNS)
+        self.inserted = ", ".join(self.quote(c) for c in INSERTED)
+        self.scope = " AND ".join(f"{self.quote(c)} = %s" for c in _SCOPE)
+        self.lookup = f"SELECT {self.columns} FROM {self.table} WHERE {self.scope}"
+        completed = ", ".join(f"{self.quote(c)} = %s" for c in _COMPLETED)
+        self.complete = (
+            f"UPDATE {self.table} SET {completed}, {self.quote('completed_at')} = %s, "
+            f"{self.quote('lease_expires_at')} = NULL "
+            f"WHERE {self.quote('id')} = %s AND {self.quote('lease_token')} = %s"
+        )
+        self.claim = self.claim_sql()
+
+    def claim_sql(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def locking_lookup(self) -> str:
+        """The lookup, inside a claim: each statement sees the latest commit here."""
+        return self.lookup
+
+    def on_conflict_do_nothing(self) -> str:
+        return f"ON CONFLICT ({', '.join(self.quote(c) for c in _SCOPE)}) DO NOTHING"
+
+
+class PostgreSQL(Dialect):
+    vendor = "postgresql"
+
+    def claim_sql(self) -> str:
+        """One statement: the locks, the insert, and the record already there (or not) with
+        whether the key's locks were free. Parameters: the identity lock id, the key's lock id,
+        the inserted values, then the scope."""
+        q = self.quote
+        found = ", ".join(f"found.{q(c)}" for c in RECORD_COLUMNS)
+        casts = {"response_headers": "::jsonb", "lease_expires_at": "::timestamptz"}
+        casts |= {"created_at": "::timestamptz", "expires_at": "::timestamptz"}
+        values = ", ".join(f"%s{casts.get(c, '')}" for c in INSERTED)
+        scope = " AND ".join(f"found.{q(c)} = %s" for c in _SCOPE)
+        # Two transaction-scoped advisory locks, the request's identity first, then the key. A
+        # duplicate of the same request fails the first: in progress (409). Another request
+        # with the key takes the first and fails the second: a mismatch (422), told apart even
+        # while the holder's claim is uncommitted and invisible (atomic mode).
+        return (
+            f"WITH identity AS (SELECT pg_try_advisory_xact_lock(%s) AS free), "
+            f"lock AS (SELECT CASE WHEN free THEN pg_try_advisory_xact_lock(%s) ELSE FALSE END "
+            f"AS acquired, free FROM identity), "
+            f"claimed AS (INSERT INTO {self.table} ({self.inserted}) "
+            f"SELECT {values} FROM lock WHERE lock.acquired {self.on_conflict_do_nothing()} "
+            f"RETURNING {self.columns}) "
+            f"SELECT {self.columns}, TRUE AS claimed, TRUE AS acquired, TRUE AS free "
+            f"FROM claimed "
+            f"UNION ALL SELECT {found}, FALSE, lock.acquired, lock.free "
+            f"FROM lock LEFT JOIN {self.table} AS found ON {scope} "
+            f"WHERE NOT EXISTS (SELECT 1 FROM claimed)"
+        )
+
+
+class SQLite(Dialect):
+    vendor = "sqlite"
+
+    def claim_sql(self) -> str:
+        """The insert, returning the new record; nothing if the key is taken."""
+        values = ", ".join("%s" for _ in INSERTED)
+        return (
+            f"INSERT INTO {self.table} ({self.inserted}) VALUES ({values}) "
+            f"{self.on_conflict_do_nothing()} RETURNING {self.columns}, 1 AS claimed"
+        )
+
+
+class MariaDB(Dialect):
+    """InnoDB queues a statement behind another transaction's row lock. A claim never does: an
+    uncommitted claim of the same key (atomic mode) then answers 409 at once instead of holding
+    the request until the other view ends, and a claim that never waits is never part of a
+    deadlock. Its duplicate key is an error (1062), not a silent IGNORE, which would also turn
+    a too-long value into a truncated one."""
+
+    vendor = "mysql"
+    no_wait = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "
+
+    def claim_sql(self) -> str:
+        values = ", ".join("%s" for _ in INSERTED)
+        return f"{self.no_wait}INSERT INTO {self.table} ({self.inserted}) VALUES ({values})"
+
+    @property
+    def locking_lookup(self) -> str:
+        """The committed record, read past any snapshot the transaction already has (a plain
+        read under REPEATABLE READ may predate it)."""
+        return f"{self.no_wait}{self.lookup} LOCK IN SHARE MODE"
+
+    # Before a purge batch's transaction: no gap locks, so claims inserting beside the rows it
+    # deletes never wait for it (REPEATABLE READ would lock the gaps between them too).
+    read_committed = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+
+    def delete_returning(self, where: str, limit: int) -> str:
+        """One purge batch in one statement, returning what the forget step needs."""
+        returned = ", ".join(self.quote(c) for c in ("status", *_SCOPE))
+        return f"DELETE FROM {self.table} WHERE {where} LIMIT {int(limit)} RETURNING {returned}"
+
+
+_DIALECTS: dict[str, type[Dialect]] = {d.vendor: d for d in (PostgreSQL, SQLite, MariaDB)}
+
+
+def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
+    """The connection's dialect; `StoreNotSupported` names a backend the store cannot run on."""
+    vendor = connection.vendor
+    if vendor == "mysql":
+        connection.ensure_connection()
+        mariadb = getattr(connection, "mysql_is_mariadb", False)
+        version = getattr(connection, "mysql_version", (0,))
+        if not mariadb:
+            raise StoreNotSupported(
+                f"The database store runs on MariaDB, not on MySQL {_dotted(version)} (database "
+                f"{connection.alias!r}): its claims need MariaDB's per-statement lock timeout."
+            )
+        return _dialect(MariaDB, connection)
+    if vendor not in _DIALECTS:
+        raise StoreNotSupported(
+            f"The database store supports PostgreSQL, MariaDB and SQLite, not {vendor} "
+            f"(database {connection.alias!r}): point IDEMPOTENCY_DATABASE at one of those."
+        )
+    return _dialect(_DIALECTS[vendor], connection)
+
+
+_BUILT: dict[type[Dialect], Dialect] = {}
+
+
+def _dialect(dialect: type[Dialect], connection: BaseDatabaseWrapper) -> Dialect:
+    """Built once per backend, at first use: the statements are plain strings."""
+    if dialect not in _BUILT:
+        _BUILT[dialect] = dialect(connection)
+    return _BUILT[dialect]
+
+
+def _dotted(version: Any) -> str:
+    return ".".join(str(part) for part in version)

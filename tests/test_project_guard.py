@@ -1,0 +1,324 @@
+"""The project-wide guard: IDEMPOTENCY_GUARD_ALL_VIEWS for DRF, the middleware for Django views."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.test import Client, override_settings
+from django.test.client import AsyncClient
+from django.urls import path
+from django.views import View
+from rest_framework import viewsets
+from rest_framework.decorators import api_view
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
+from rest_framework.views import APIView
+
+from django_idempotency import idempotency_exempt, idempotent, signals
+from django_idempotency.contrib.rest_framework import IdempotencyMixin
+from django_idempotency.models import IdempotencyRecord
+from tests.factories import UserFactory
+from tests.models import Charge
+from tests.utils import assert_problem, post
+from tests.views import _django_response, _drf_response, charge
+
+MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
+
+
+# DRF views written without any idempotency in mind.
+
+
+class PlainAPIView(APIView):
+    def post(self, request: Request) -> Response:
+        return _drf_response(*charge(request))
+
+    put = delete = post
+
+    def get(self, request: Request) -> Response:
+        return Response({"count": Charge.objects.count()})
+
+
+class PlainViewSet(viewsets.ViewSet):
+    def create(self, request: Request) -> Response:
+        return _drf_response(*charge(request))
+
+
+class ExemptAPIView(PlainAPIView):
+    idempotency_exempt = True
+
+
+class PartlyExemptAPIView(PlainAPIView):
+    @idempotency_exempt
+    def put(self, request: Request) -> Response:
+        return _drf_response(*charge(request))
+
+
+class OwnOptionsAPIView(PlainAPIView):
+    idempotency_namespace = "own"
+    idempotency_required = False
+    idempotent_methods = ("POST",)
+
+
+class PrivateAPIView(PlainAPIView):
+    permission_classes = [IsAuthenticated]
+
+
+@api_view(["POST"])
+@idempotent(namespace="decorated")
+def decorated_api_view(request: Request) -> Response:
+    return _drf_response(*charge(request))
+
+
+class MixinViewSet(IdempotencyMixin, viewsets.ViewSet):
+    def create(self, request: Request) -> Response:
+        return _drf_response(*charge(request))
+
+
+class DecoratedAPIView(APIView):
+    @idempotent(namespace="decorated")
+    def post(self, request: Request) -> Response:
+        return _drf_response(*charge(request))
+
+
+@api_view(["POST"])
+@idempotency_exempt
+def exempt_below_api_view(request: Request) -> Response:
+    return _drf_response(*charge(request))
+
+
+@idempotency_exempt
+@api_view(["POST"])
+def exempt_above_api_view(request: Request) -> Response:
+    return _drf_response(*charge(request))
+
+
+# Plain Django views, for the middleware.
+
+
+def plain_function(request: HttpRequest) -> HttpResponse:
+    return _django_response(*charge(request))
+
+
+@idempotency_exempt
+def exempt_function(request: HttpRequest) -> HttpResponse:
+    return _django_response(*charge(request))
+
+
+@idempotent(namespace="decorated")
+def decorated_function(request: HttpRequest) -> HttpResponse:
+    return _django_response(*charge(request))
+
+
+async def async_function(request: HttpRequest) -> HttpResponse:
+    from asgiref.sync import sync_to_async
+
+    return _django_response(*await sync_to_async(charge)(request))
+
+
+class PlainClassView(View):
+    idempotency_namespace = "class-view"
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _django_response(*charge(request))
+
+
+router = SimpleRouter()
+router.register("drf/viewset", PlainViewSet, basename="plain")
+router.register("drf/mixin", MixinViewSet, basename="mixin")
+
+urlpatterns = [
+    path("drf/plain/", PlainAPIView.as_view()),
+    path("drf/exempt/", ExemptAPIView.as_view()),
+    path("drf/partly-exempt/", PartlyExemptAPIView.as_view()),
+    path("drf/own-options/", OwnOptionsAPIView.as_view()),
+    path("drf/decorated/", DecoratedAPIView.as_view()),
+    path("drf/decorated-api-view/", decorated_api_view),
+    path("drf/private/", PrivateAPIView.as_view()),
+    path("drf/route-exempt/", idempotency_exempt(PlainAPIView.as_view())),
+    path("drf/exempt-below/", exempt_below_api_view),
+    path("drf/exempt-above/", exempt_above_api_view),
+    path("django/plain/", plain_function),
+    path("django/exempt/", exempt_function),
+    path("django/decorated/", decorated_function),
+    path("django/async/", async_function),
+    path("django/class/", PlainClassView.as_view()),
+    *router.urls,
+]
+
+pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
+
+
+@pytest.fixture
+def guard_all_views() -> Iterator[None]:
+    with override_settings(IDEMPOTENCY_GUARD_ALL_VIEWS=True):
+        yield
+
+
+@pytest.fixture
+def middleware() -> Iterator[None]:
+    with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, MIDDLEWARE]):
+        yield
+
+
+@pytest.fixture
+def claims() -> Iterator[list[str]]:
+    """The namespace of every claim made during the test."""
+    seen: list[str] = []
+
+    def receiver(sender: Any, namespace: str, **kwargs: Any) -> None:
+        seen.append(namespace)
+
+    signals.claimed.connect(receiver)
+    yield seen
+    signals.claimed.disconnect(receiver)
+
+
+def send(client: Client, url: str, method: str = "post", key: str = "key-1") -> Any:
+    return getattr(client, method)(
+        url, {"amount": 10}, content_type="application/json", headers={"Idempotency-Key": key}
+    )
+
+
+def runs_once(client: Client, url: str, method: str = "post") -> bool:
+    """Whether a retry with the same key was replayed rather than run again."""
+    before = Charge.objects.count()
+    first, retry = send(client, url, method), send(client, url, method)
+    assert first.status_code == 201, first.content
+    return retry.get("Idempotent-Replayed") == "true" and Charge.objects.count() == before + 1
+
+
+@pytest.mark.usefixtures("guard_all_views")
+@pytest.mark.parametrize(
+    ("url", "method"),
+    [
+        ("/drf/plain/", "post"),
+        ("/drf/plain/", "put"),
+        ("/drf/plain/", "delete"),
+        ("/drf/viewset/", "post"),
+    ],
+)
+def test_the_setting_guards_every_unsafe_method_of_every_drf_view(
+    client: Client, url: str, method: str
+) -> None:
+    assert runs_once(client, url, method)
+
+
+def test_without_the_setting_drf_views_are_not_guarded(client: Client) -> None:
+    assert not runs_once(client, "/drf/plain/")
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.usefixtures("guard_all_views")
+@pytest.mark.parametrize(
+    ("url", "method"),
+    [
+        ("/drf/exempt/", "post"),
+        ("/drf/partly-exempt/", "put"),
+        ("/drf/route-exempt/", "post"),
+        ("/drf/exempt-below/", "post"),
+        ("/drf/exempt-above/", "post"),
+        ("/drf/own-options/", "put"),
+    ],
+)
+def test_an_exempt_view_or_method_is_not_guarded(client: Client, url: str, method: str) -> None:
+    assert not runs_once(client, url, method)
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.usefixtures("guard_all_views")
+def test_an_exempt_method_leaves_the_views_other_methods_guarded(client: Client) -> None:
+    assert runs_once(client, "/drf/partly-exempt/", "post")
+
+
+@pytest.mark.usefixtures("guard_all_views")
+def test_a_views_own_options_win_over_the_project_defaults(client: Client) -> None:
+    with override_settings(IDEMPOTENCY_REQUIRED=True):
+        assert runs_once(client, "/drf/own-options/")
+        assert post(client, "/drf/own-options/", key=None).status_code == 201
+        assert_problem(post(client, "/drf/plain/", key=None), 400, "missing-key")
+
+    assert IdempotencyRecord.objects.get().namespace == "own"
+
+
+@pytest.mark.usefixtures("guard_all_views", "middleware")
+@pytest.mark.parametrize(
+    ("url", "namespace"),
+    [
+        ("/drf/mixin/", "default"),
+        ("/drf/decorated/", "decorated"),
+        ("/drf/decorated-api-view/", "decorated"),
+        ("/django/decorated/", "decorated"),
+    ],
+)
+def test_a_view_guarded_by_the_mixin_or_decorator_is_guarded_once(
+    client: Client, claims: list[str], url: str, namespace: str
+) -> None:
+    assert runs_once(client, url)
+
+    assert claims == [namespace]
+
+
+@pytest.mark.usefixtures("guard_all_views")
+def test_a_replay_still_comes_after_drfs_permission_checks(client: Client) -> None:
+    client.force_login(UserFactory())
+    assert runs_once(client, "/drf/private/")
+
+    client.logout()
+    assert send(client, "/drf/private/").status_code == 403
+
+
+@pytest.mark.usefixtures("middleware")
+def test_the_middleware_guards_plain_django_views(client: Client) -> None:
+    assert runs_once(client, "/django/plain/")
+
+
+@pytest.mark.usefixtures("middleware")
+def test_the_middleware_takes_a_class_views_options(client: Client) -> None:
+    assert runs_once(client, "/django/class/")
+
+    assert IdempotencyRecord.objects.get().namespace == "class-view"
+
+
+@pytest.mark.usefixtures("middleware")
+def test_the_middleware_leaves_exempt_views_and_drf_views_alone(client: Client) -> None:
+    assert not runs_once(client, "/django/exempt/")
+    assert not runs_once(client, "/drf/plain/")  # DRF views: IDEMPOTENCY_GUARD_ALL_VIEWS.
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.usefixtures("middleware")
+def test_the_middleware_answers_problems(client: Client) -> None:
+    send(client, "/django/plain/")
+    reused = client.post(
+        "/django/plain/",
+        {"amount": 20},
+        content_type="application/json",
+        headers={"Idempotency-Key": "key-1"},
+    )
+
+    assert_problem(reused, 422, "key-reused")
+
+
+@pytest.mark.usefixtures("middleware")
+@pytest.mark.django_db(transaction=True)
+def test_the_middleware_guards_async_views() -> None:
+    client = AsyncClient()
+    headers = {"Idempotency-Key": "async-1"}
+
+    def send_async() -> Any:
+        return async_to_sync(client.post)(
+            "/django/async/", {"amount": 10}, "application/json", headers=headers
+        )
+
+    first, retry = send_async(), send_async()
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
