@@ -86,13 +86,18 @@ def _stat(pid: int) -> list[str]:
         return stat.read().rsplit(")", 1)[1].split()
 
 
-def server_pids() -> list[int]:
-    """PostgreSQL's postmaster and the Redis server started by benchmarks/run."""
+def server_pids(database: str) -> list[int]:
+    """The database server (PostgreSQL's postmaster or mariadbd) and the Redis server started
+    by benchmarks/run."""
     services = Path(os.environ["SERVICES_DIR"])
-    pids = []
-    for pid_file in (services / "postgres" / "postmaster.pid", services / "redis" / "redis.pid"):
-        pids.append(int(pid_file.read_text().split()[0]))
-    return pids
+    database_pid = {
+        "postgresql": services / "postgres" / "postmaster.pid",
+        "mariadb": services / "mariadb" / "mariadb.pid",
+    }[database]
+    return [
+        int(pid_file.read_text().split()[0])
+        for pid_file in (database_pid, services / "redis" / "redis.pid")
+    ]
 
 
 def wrk(
@@ -315,6 +320,12 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=10_000_000, help="records for the scale test")
     parser.add_argument("--small", type=int, default=10_000)
     parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument(
+        "--database",
+        choices=("postgresql", "mariadb"),
+        default="postgresql",
+        help="the database DATABASE_URL points at (the scale test runs on PostgreSQL only)",
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
@@ -336,7 +347,7 @@ def main() -> None:
     ):
         urls = {"db": db_url, "cache": cache_url}
         # The CPU counted for a variant: its gunicorn, PostgreSQL, Redis and wrk.
-        servers = server_pids()
+        servers = server_pids(args.database)
         pids = {"db": [db_pid, *servers], "cache": [cache_pid, *servers]}
         seed(db_url, f"replay-{run_id}")
         for round_number in range(args.rounds):
@@ -363,6 +374,7 @@ def main() -> None:
     # "CPU vs plain" is the throughput ratio the variant would reach with every process busy:
     # the plain endpoint's CPU per request over the variant's, which drifts less between rounds
     # than req/s does on a shared machine.
+    print(f"\nDatabase: {args.database}")
     print(
         "\n| variant | req/s | p50 ms | p95 ms | p99 ms | vs plain | CPU ms/req | CPU vs plain "
         "| SQL (+ BEGIN/COMMIT) |"
@@ -387,7 +399,7 @@ def main() -> None:
         f"Redis stopped halfway through {args.seconds} s of cached replays: "
         f"{outage.rps:.0f} req/s, {outage.non_2xx} non-2xx, {outage.socket_errors} socket errors"
     )
-    if not args.skip_scale:
+    if not args.skip_scale and args.database == "postgresql":
         small = latency_at_scale(args.small, 2000)
         large = latency_at_scale(args.large, 2000)
         print(f"\n| store latency, ms | {args.small:,} records | {args.large:,} records | ratio |")

@@ -7,7 +7,7 @@ import binascii
 import hmac
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -60,7 +60,7 @@ class StandardWebhooks:
             raise DeliveryRejected("The delivery's body is not UTF-8 text.") from None
         secret = self.secret if isinstance(self.secret, str) else self.secret()
         expected = _signer(secret).sign(
-            message_id, datetime.fromtimestamp(sent_at, tz=timezone.utc), payload
+            message_id, datetime.fromtimestamp(sent_at, tz=UTC), payload
         )
         expected_bytes = base64.b64decode(expected.split(",", 1)[1])
         for candidate in signatures.split():

@@ -7,10 +7,11 @@ Usage: python scripts/check_dist.py WORKDIR [pytest arguments...]
 2. `twine check --strict` on both, and a listing check: every file of the package in the source
    tree (modules, migrations, templates, py.typed) is in the wheel and in the sdist; the wheel
    holds nothing outside the package and its metadata (no tests/, no testproject/).
-3. Installs the wheel with its `dev` extra into a new virtualenv, copies tests/, testproject/,
-   docs/, manage.py and pyproject.toml (no package source) to WORKDIR/suite, proves that
-   `django_idempotency` is imported from site-packages there, and runs the test suite there, with
-   pytest's `pythonpath` emptied so that nothing but the installed copy can be imported.
+3. Installs the wheel and the `dev` dependency group into a new virtualenv, copies tests/,
+   testproject/, docs/, manage.py and pyproject.toml (no package source) to WORKDIR/suite, proves
+   that `django_idempotency` is imported from site-packages there, and runs the test suite
+   there, with pytest's `pythonpath` emptied so that nothing but the installed copy can be
+   imported.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -107,6 +109,9 @@ def check_contents(sdist: Path, wheel: Path) -> None:
         fail(f"the sdist lacks {sorted(missing)}")
     if missing := {"pyproject.toml", "README.md", "LICENSE", "PKG-INFO"} - in_sdist:
         fail(f"the sdist lacks {sorted(missing)}")
+    if partial := sorted(name for name in in_sdist if name.startswith("tests/")):
+        # Half a suite (test modules without their conftest and settings) cannot run.
+        fail(f"the sdist holds test files without the suite around them: {partial[:5]}")
     print(f"check_dist: {len(expected)} package files in the wheel and the sdist", flush=True)
 
 
@@ -114,7 +119,9 @@ def run_suite(wheel: Path, workdir: Path, pytest_args: list[str]) -> None:
     environment = workdir / "venv"
     venv.create(environment, with_pip=True)
     python = environment / "bin" / "python"
-    run(python, "-m", "pip", "install", "--quiet", f"{wheel}[dev]")
+    # The dev dependency group (PEP 735), read here: pip before 25.1 cannot install groups.
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    run(python, "-m", "pip", "install", "--quiet", wheel, *groups["dev"])
 
     suite = workdir / "suite"
     suite.mkdir()

@@ -56,7 +56,7 @@ stop_postgres() {
 start_mariadb() {
   command -v mariadbd >/dev/null || { echo "mariadbd not found: install Debian's mariadb-server" >&2; return 1; }
   mkdir -p "$MARIADB_DIR"
-  if [ "$(id -u)" = "0" ]; then chown mysql "$MARIADB_DIR"; fi
+  if [ "$(id -u)" = "0" ]; then chmod 755 "$SERVICES_DIR"; chown mysql "$MARIADB_DIR"; fi
   if [ ! -d "$MARIADB_DIR/data/mysql" ]; then
     # Root without a password, reachable on loopback only: a throw-away server for tests.
     _as_mysql_user "mariadb-install-db --no-defaults --datadir='$MARIADB_DIR/data' \

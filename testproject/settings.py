@@ -1,4 +1,4 @@
-"""Demo settings: SQLite by default, PostgreSQL when DATABASE_URL is set."""
+"""Demo settings: SQLite by default, PostgreSQL or MariaDB when DATABASE_URL is set."""
 
 from __future__ import annotations
 
@@ -59,6 +59,10 @@ DATABASES = {
         conn_max_age=int(os.environ.get("CONN_MAX_AGE", "0")),
     )
 }
+if DATABASES["default"]["ENGINE"].endswith("mysql"):
+    # MariaDB (mysql://...): Django's MySQL backend talks utf8 (3-byte UTF-8) unless told; keys
+    # and bodies may hold any character.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

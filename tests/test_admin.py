@@ -7,8 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -314,7 +313,7 @@ def test_the_date_hierarchy_offers_the_days_and_filters_by_day(admin_client: Cli
 
 def _noon(year: int, month: int, day: int) -> datetime:
     """Noon UTC, aware or naive as USE_TZ has datetimes (the suite also runs with USE_TZ=0)."""
-    moment = datetime(year, month, day, 12, tzinfo=dt_timezone.utc)
+    moment = datetime(year, month, day, 12, tzinfo=UTC)
     return moment if settings.USE_TZ else timezone.make_naive(moment)
 
 

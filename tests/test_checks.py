@@ -623,6 +623,7 @@ def test_manage_py_check_fails_naming_the_setting() -> None:
     assert "(django_idempotency.E002) IDEMPOTENCY_LEASE = 0" in str(error.value)
 
 
+@pytest.mark.django_db  # Django 6 runs the database-tagged checks (W006) with the others.
 def test_checks_can_be_run_on_their_own_by_tag() -> None:
     with configured(IDEMPOTENCY_MODE="atomc"):
         ids = {message.id for message in run_checks(tags=[checks.TAG])}

@@ -6,7 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -99,7 +99,7 @@ def test_settle_messages_for_the_same_payment_are_duplicates() -> None:
 def _delivery(event: dict[str, Any], message_id: str, secret: str) -> dict[str, str]:
     now = int(time.time())
     signature = Webhook(secret).sign(
-        message_id, datetime.fromtimestamp(now, tz=timezone.utc), json.dumps(event)
+        message_id, datetime.fromtimestamp(now, tz=UTC), json.dumps(event)
     )
     return {"webhook-id": message_id, "webhook-timestamp": str(now), "webhook-signature": signature}
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from django_idempotency.core.outcomes import Outcome, Status, classify, is_abandoned
 
-NOW = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 TICK = timedelta(microseconds=1)
 IN_PROGRESS, COMPLETED = Status.IN_PROGRESS.value, Status.COMPLETED.value
 

@@ -1,4 +1,4 @@
-"""SQL the guard adds per request on PostgreSQL, locked by count.
+"""SQL the guard adds per request on PostgreSQL and MariaDB, locked by count.
 
 Django logs transaction control (BEGIN, COMMIT) with the statements; they are counted apart:
 atomic mode opens a transaction of its own only when no caller's transaction is open.

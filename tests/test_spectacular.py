@@ -210,6 +210,7 @@ def test_the_problems_list_what_the_guard_can_answer() -> None:
         "delivery-rejected",
     ]
     assert slugs(required, "409") == ["request-in-progress"]
+    assert slugs(required, "410") == ["response-not-stored"]  # IDEMPOTENCY_MAX_STORED_BYTES
     assert slugs(required, "422") == ["key-reused"]
     example = required["responses"]["422"]["content"][PROBLEM]["examples"]["key-reused"]["value"]
     assert example["type"] == BASE_URL + "key-reused"
@@ -217,6 +218,29 @@ def test_the_problems_list_what_the_guard_can_answer() -> None:
     assert required["responses"]["422"]["description"] == (
         "Idempotency key reused for a different request."
     )
+
+
+@override_settings(IDEMPOTENCY_MAX_STORED_BYTES=None)
+def test_without_a_cap_on_stored_responses_no_410_is_documented() -> None:
+    responses = local_schema()["paths"]["/keyed/"]["post"]["responses"]
+
+    assert "410" not in responses
+    assert "409" in responses
+
+
+class ExemptChargeViewSet(UnguardedChargeViewSet):
+    idempotency_exempt = True
+
+
+@override_settings(IDEMPOTENCY_GUARD_ALL_VIEWS=True)
+def test_the_project_wide_guard_documents_every_view_it_guards_and_no_exempt_one() -> None:
+    router = SimpleRouter()
+    router.register("unguarded", UnguardedChargeViewSet, basename="unguarded")
+    router.register("exempt", ExemptChargeViewSet, basename="exempt")
+    paths = schema(*router.urls)["paths"]
+
+    assert_idempotent(paths["/unguarded/"]["post"])
+    assert_untouched(paths["/exempt/"]["post"])
 
 
 def test_the_problem_schema_has_the_four_members() -> None:

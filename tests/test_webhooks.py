@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -36,9 +36,7 @@ def deliver(
     """Send a delivery signed the way a Standard Webhooks sender signs it."""
     payload = json.dumps(event) if body is None else body.decode("latin-1")
     timestamp = int(time.time() if sent_at is None else sent_at)
-    signed = Webhook(secret).sign(
-        message_id, datetime.fromtimestamp(timestamp, tz=timezone.utc), payload
-    )
+    signed = Webhook(secret).sign(message_id, datetime.fromtimestamp(timestamp, tz=UTC), payload)
     return client.post(
         URL,
         json.dumps(event).encode() if body is None else body,
@@ -93,7 +91,7 @@ def test_a_forged_signature_is_rejected_before_any_record(client: Client) -> Non
 
 def test_a_tampered_body_is_rejected(client: Client) -> None:
     signed = Webhook(WEBHOOK_SECRET).sign(
-        "msg_5", datetime.now(tz=timezone.utc), json.dumps({"id": "evt_5", "amount": 1})
+        "msg_5", datetime.now(tz=UTC), json.dumps({"id": "evt_5", "amount": 1})
     )
     response = deliver(client, {"id": "evt_5", "amount": 1_000_000}, signature=signed)
     assert_rejected(response, "No signature matches")
@@ -145,7 +143,7 @@ def test_the_secret_may_be_read_on_each_delivery() -> None:
             "webhook-id": "m1",
             "webhook-timestamp": str(now),
             "webhook-signature": Webhook(WEBHOOK_SECRET).sign(
-                "m1", datetime.fromtimestamp(now, tz=timezone.utc), payload
+                "m1", datetime.fromtimestamp(now, tz=UTC), payload
             ),
         },
     )
@@ -162,7 +160,7 @@ def test_an_unusable_secret_fails_at_start_up() -> None:
 def deliver_with_timestamp(client: Client, timestamp: str) -> Any:
     """A delivery correctly signed for now, whose webhook-timestamp header reads `timestamp`."""
     payload = json.dumps({"id": "evt_8", "amount": 1})
-    signed = Webhook(WEBHOOK_SECRET).sign("msg_8", datetime.now(tz=timezone.utc), payload)
+    signed = Webhook(WEBHOOK_SECRET).sign("msg_8", datetime.now(tz=UTC), payload)
     return client.post(
         URL,
         payload,

@@ -16,7 +16,7 @@ class Outcome(enum.Enum):
     MISMATCH = "mismatch"  # The key was used for a different request.
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """The life cycle of a stored record."""
 
     IN_PROGRESS = "in_progress"

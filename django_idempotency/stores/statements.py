@@ -7,8 +7,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -94,7 +93,7 @@ def _datetime(value: Any) -> datetime | None:
         return None
     if settings.USE_TZ:
         # SQLite hands back naive text, stored in UTC.
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt_timezone.utc)
+        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
     if parsed.tzinfo is not None:  # PostgreSQL's timestamptz: to the project's time zone.
         return timezone.make_naive(parsed)
     return parsed

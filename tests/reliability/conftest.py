@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.harness import (
+    DATABASES,
     Database,
     Figures,
     Serve,
     Server,
     ServiceError,
     Services,
+    chosen_database,
 )
 
 # Scenarios run in the order of docs/reliability.md.
@@ -60,10 +62,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not rows and not durations:
         return
     write = terminalreporter.write_line
-    terminalreporter.section("reliability figures")
-    header = ("scenario", "variant", "requests", "absorbed", "executions/key", "5xx", "s", "notes")
+    terminalreporter.section(f"reliability figures on {_FIGURES.database or '?'}")
+    header = (
+        "database",
+        "scenario",
+        "variant",
+        "requests",
+        "absorbed",
+        "executions/key",
+        "5xx",
+        "s",
+        "notes",
+    )
     table = [header] + [
         (
+            _FIGURES.database.split()[0] if _FIGURES.database else "?",
             f.scenario,
             f.variant,
             str(f.requests),
@@ -86,17 +99,30 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     write(f"  total: {sum(durations.values()):.1f} s")
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    try:
+        return f"reliability database: {DATABASES[chosen_database()]} (RELIABILITY_DATABASE)"
+    except ServiceError as exc:
+        return str(exc)
+
+
 @pytest.fixture(scope="session")
 def services() -> Iterator[Services]:
-    """PostgreSQL and Redis of this run alone; a missing binary fails the run."""
+    """The database (RELIABILITY_DATABASE: postgresql or mariadb) and Redis of this run alone;
+    a missing binary fails the run."""
+    try:
+        database = chosen_database()
+    except ServiceError as exc:
+        pytest.fail(str(exc), pytrace=False)
     directory = Path(tempfile.mkdtemp(prefix="idempotency-reliability-"))
-    services = Services(directory)
+    services = Services(directory, database)
     try:
         services.start()
     except ServiceError as exc:
         services.stop()
         shutil.rmtree(directory, ignore_errors=True)
         pytest.fail(str(exc), pytrace=False)
+    _FIGURES.database = Database(services.database_url).version()
     yield services
     services.stop()
     shutil.rmtree(directory, ignore_errors=True)
@@ -104,7 +130,7 @@ def services() -> Iterator[Services]:
 
 @pytest.fixture(scope="session")
 def db(services: Services) -> Database:
-    return Database(services.database_url.replace("postgres://", "postgresql://", 1))
+    return Database(services.database_url)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The reliability run's own PostgreSQL and Redis, the demo under gunicorn, and its figures."""
+"""The reliability run's own database (PostgreSQL or MariaDB) and Redis, the demo under gunicorn,
+and its figures."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 
@@ -33,8 +35,23 @@ USERS = {
 }
 
 
+# The database the suite runs against: RELIABILITY_DATABASE=postgresql (the default) or mariadb.
+DATABASES = {"postgresql": "PostgreSQL", "mariadb": "MariaDB"}
+
+
 class ServiceError(RuntimeError):
     """A server the suite needs could not be started: the run fails, it is never skipped."""
+
+
+def chosen_database() -> str:
+    """RELIABILITY_DATABASE, checked: a misspelt name fails the run rather than test another."""
+    name = os.environ.get("RELIABILITY_DATABASE", "").strip().lower() or "postgresql"
+    if name not in DATABASES:
+        raise ServiceError(
+            f"RELIABILITY_DATABASE={name!r}: the reliability suite runs on "
+            f"{' or '.join(DATABASES)}."
+        )
+    return name
 
 
 def wait_until(condition_met: Callable[[], bool], seconds: float, what: str) -> None:
@@ -54,40 +71,72 @@ def free_port() -> int:
 
 @dataclass
 class Services:
-    """PostgreSQL and Redis of this run alone, started with scripts/services.sh.
+    """The database (PostgreSQL or MariaDB, by RELIABILITY_DATABASE) and the Redis of this run
+    alone, started with scripts/services.sh.
 
     The suite stops and starts them mid-run, so they must not be the servers that the other
     test environments share.
     """
 
     directory: Path
+    database: str = field(default_factory=chosen_database)
     pg_port: int = field(default_factory=free_port)
+    mariadb_port: int = field(default_factory=free_port)
     redis_port: int = field(default_factory=free_port)
     _reaper: subprocess.Popen[bytes] | None = None
 
     @property
+    def mariadb(self) -> bool:
+        return self.database == "mariadb"
+
+    @property
+    def label(self) -> str:
+        """The database's name in figures and messages."""
+        return DATABASES[self.database]
+
+    @property
     def admin_url(self) -> str:
+        if self.mariadb:
+            return f"mysql://root@127.0.0.1:{self.mariadb_port}"
         return f"postgresql://postgres@127.0.0.1:{self.pg_port}/postgres"
 
     @property
     def database_url(self) -> str:
+        if self.mariadb:
+            return f"mysql://root@127.0.0.1:{self.mariadb_port}/{DATABASE}"
         return f"postgres://postgres@127.0.0.1:{self.pg_port}/{DATABASE}"
 
     @property
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}"
 
-    def _services(self, script: str) -> subprocess.CompletedProcess[str]:
-        env = {
+    @property
+    def _environment(self) -> dict[str, str]:
+        return {
             **os.environ,
             "SERVICES_DIR": str(self.directory),
             "PG_PORT": str(self.pg_port),
+            "MARIADB_PORT": str(self.mariadb_port),
             "REDIS_PORT": str(self.redis_port),
         }
+
+    @property
+    def _database_service(self) -> str:
+        """The name of the database's functions in scripts/services.sh: start_<name>, ..."""
+        return "mariadb" if self.mariadb else "postgres"
+
+    @property
+    def _stop_database(self) -> str:
+        # The server is this run's own: stop it whoever started it. PostgreSQL stops fast
+        # (pg_ctl -m fast), MariaDB by mariadb-admin shutdown: both cut every client connection.
+        flag = "MARIADB_STARTED_HERE" if self.mariadb else "PG_STARTED_HERE"
+        return f"{flag}=1 stop_{self._database_service}"
+
+    def _services(self, script: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["bash", "-c", f"source '{SERVICES_SH}'; {script}"],
             cwd=ROOT,
-            env=env,
+            env=self._environment,
             capture_output=True,
             text=True,
             timeout=120,
@@ -102,27 +151,26 @@ class Services:
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
 
-    def start_postgres(self) -> None:
-        self._start("start_postgres")
+    def start_database(self) -> None:
+        self._start(f"start_{self._database_service}")
 
-    def stop_postgres(self) -> None:
-        # The cluster is this run's own: stop it whoever started it.
-        self._services("PG_STARTED_HERE=1 stop_postgres")
+    def stop_database(self) -> None:
+        self._services(self._stop_database)
 
-    def restart_postgres(self) -> None:
-        """Stop the cluster (fast: every client connection is cut), start it again, and return
-        once it accepts connections."""
-        self.stop_postgres()
-        self.start_postgres()
-        # pg_ctl -w waits for the server to be ready; a client connecting proves it from outside.
-        wait_until(self._postgres_accepts, 30, "PostgreSQL to accept connections again")
+    def restart_database(self) -> None:
+        """Stop the database (every client connection is cut), start it again, and return once
+        it accepts connections."""
+        self.stop_database()
+        self.start_database()
+        # services.sh waits for the server to be ready; a client connecting proves it from outside.
+        wait_until(self._database_accepts, 30, f"{self.label} to accept connections again")
 
-    def _postgres_accepts(self) -> bool:
+    def _database_accepts(self) -> bool:
         try:
-            with psycopg.connect(self.admin_url, connect_timeout=2):
-                return True
-        except psycopg.OperationalError:
+            Database(self.admin_url).rows("SELECT 1")
+        except Database.errors():
             return False
+        return True
 
     def start_redis(self) -> None:
         self._start("start_redis")
@@ -132,18 +180,23 @@ class Services:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        # The database runs as its own system user when we are root (mkdtemp made this 0700).
+        self.directory.chmod(0o755)
         self._start_reaper()
-        self.start_postgres()
+        self.start_database()
         self.start_redis()
-        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as connection:
-            connection.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-            connection.execute(f"CREATE DATABASE {DATABASE}")
+        admin = Database(self.admin_url)
+        admin.rows(f"DROP DATABASE IF EXISTS {DATABASE}")
+        if self.mariadb:  # Keys and bodies may hold any character: 4-byte UTF-8 included.
+            admin.rows(f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4")
+        else:
+            admin.rows(f"CREATE DATABASE {DATABASE}")
         manage(self, "migrate", "--verbosity", "0")
         manage(self, "shell", "--command", _USERS_SCRIPT)
 
     def stop(self) -> None:
         self.stop_redis()
-        self.stop_postgres()
+        self.stop_database()
         if self._reaper is not None:
             self._reaper.terminate()
             self._reaper.wait(timeout=10)
@@ -153,18 +206,12 @@ class Services:
         script = (
             f"end=$((SECONDS + {LIFETIME})); "
             f"while kill -0 {os.getpid()} 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 1; done; "
-            "PG_STARTED_HERE=1 REDIS_STARTED_HERE=1; stop_redis; stop_postgres"
+            f"REDIS_STARTED_HERE=1 stop_redis; {self._stop_database}"
         )
-        env = {
-            **os.environ,
-            "SERVICES_DIR": str(self.directory),
-            "PG_PORT": str(self.pg_port),
-            "REDIS_PORT": str(self.redis_port),
-        }
         self._reaper = subprocess.Popen(
             ["bash", "-c", f"source '{SERVICES_SH}'; {script}"],
             cwd=ROOT,
-            env=env,
+            env=self._environment,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # A Ctrl-C to the test run does not stop the clean-up.
@@ -199,7 +246,7 @@ def demo_environment(services: Services, **settings: str) -> dict[str, str]:
     environment = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("IDEMPOTENCY_", "DJANGO_", "PG_", "COVERAGE"))
+        if not key.startswith(("IDEMPOTENCY_", "DJANGO_", "PG_", "MARIADB_", "COVERAGE"))
     }
     return {
         **environment,
@@ -214,15 +261,61 @@ def demo_environment(services: Services, **settings: str) -> dict[str, str]:
 
 
 class Database:
-    """Reads (and, for a test's set-up, writes) the demo's tables; a new connection each time."""
+    """Reads (and, for a test's set-up, writes) the demo's tables; a new connection each time.
+
+    The same SQL on both databases: names that need quoting (`"key"`, reserved in MariaDB) are
+    quoted the standard way, which MariaDB reads with ANSI_QUOTES, set on each connection with
+    a UTC session time zone (`now()` is then the clock of the stored UTC datetimes). What has no
+    common spelling (the server's own tables) has a method here.
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.mariadb = url.startswith("mysql://")
+        self.label = DATABASES["mariadb" if self.mariadb else "postgresql"]
+
+    @staticmethod
+    def errors() -> tuple[type[Exception], ...]:
+        """What a connection to a stopped server raises, on either database."""
+        errors: tuple[type[Exception], ...] = (psycopg.OperationalError,)
+        with contextlib.suppress(ImportError):
+            import MySQLdb
+
+            errors += (MySQLdb.OperationalError,)
+        return errors
 
     def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        if self.mariadb:
+            return self._mariadb_rows(sql, params)
         with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as connection:
             cursor = connection.execute(sql, params)
             return cursor.fetchall() if cursor.description else []
+
+    def _mariadb_rows(
+        self, sql: str, params: tuple[Any, ...], *, read_uncommitted: bool = False
+    ) -> list[tuple[Any, ...]]:
+        import MySQLdb  # The mysql extra: only a MariaDB run needs it.
+
+        session = "SET time_zone = '+00:00', sql_mode = 'ANSI_QUOTES'"
+        if read_uncommitted:  # Other transactions' uncommitted rows too.
+            session += ", tx_isolation = 'READ-UNCOMMITTED'"
+
+        url = urlsplit(self.url)
+        connection = MySQLdb.connect(
+            host=url.hostname or "127.0.0.1",
+            port=url.port or 3306,
+            user=unquote(url.username or "root"),
+            password=unquote(url.password or ""),
+            database=url.path.lstrip("/"),
+            charset="utf8mb4",
+            autocommit=True,
+            connect_timeout=5,
+            init_command=session,
+        )
+        with contextlib.closing(connection), connection.cursor() as cursor:
+            # No parameters: the statement as it is (MySQLdb would read its "%" as a format).
+            cursor.execute(sql, params or None)
+            return list(cursor.fetchall()) if cursor.description else []
 
     def value(self, sql: str, *params: Any) -> Any:
         rows = self.rows(sql, *params)
@@ -241,8 +334,8 @@ class Database:
     def records(self, namespace: str, prefix: str = "") -> dict[tuple[str, str], tuple[Any, ...]]:
         """(owner, key) -> (status, response_status, response_body, lease_token) of a namespace."""
         rows = self.rows(
-            "SELECT owner, key, status, response_status, response_body, lease_token "
-            "FROM django_idempotency_record WHERE namespace = %s AND key LIKE %s",
+            'SELECT owner, "key", status, response_status, response_body, lease_token '
+            'FROM django_idempotency_record WHERE namespace = %s AND "key" LIKE %s',
             namespace,
             prefix + "%",
         )
@@ -250,6 +343,58 @@ class Database:
             (owner, key): (status, code, bytes(body) if body is not None else None, token)
             for owner, key, status, code, body, token in rows
         }
+
+    def version(self) -> str:
+        """The server's name and version, for the figures."""
+        if self.mariadb:
+            return "MariaDB " + str(self.value("SELECT VERSION()")).split("-")[0]
+        return "PostgreSQL " + str(self.value("SHOW server_version")).split()[0]
+
+    def started_at(self) -> Any:
+        """When the server started: a restart changes it."""
+        if self.mariadb:
+            return self.value(
+                "SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
+                "WHERE VARIABLE_NAME = 'UPTIME'"
+            )
+        return self.value("SELECT pg_postmaster_start_time()")
+
+    def client_connections(self) -> int:
+        """The demo's connections to its database: every client connection but this one."""
+        if self.mariadb:
+            sql = (
+                "SELECT count(*) FROM information_schema.PROCESSLIST "
+                "WHERE DB = DATABASE() AND ID <> CONNECTION_ID()"
+            )
+        else:
+            sql = (
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            )
+        return int(self.value(sql))
+
+    def deadlocks(self) -> int:
+        """Deadlocks the server has broken so far (by rolling a transaction back), reported to
+        a client or not: InnoDB's count on MariaDB, the database's on PostgreSQL (its
+        statistics may lag by a second)."""
+        if self.mariadb:
+            sql = (
+                "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
+                "WHERE VARIABLE_NAME = 'INNODB_DEADLOCKS'"
+            )
+        else:
+            sql = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        return int(self.value(sql))
+
+    def open_claim(self, namespace: str, key: str) -> bool:
+        """Whether a transaction still open holds a claim (atomic mode): on PostgreSQL, a key's
+        advisory lock; on MariaDB, the key's record, inserted and not committed. (Not from
+        INNODB_TRX: InnoDB refreshes that table only when it was not read for 0.1 s.)"""
+        if not self.mariadb:
+            return bool(self.value("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"))
+        sql = 'SELECT count(*) FROM django_idempotency_record WHERE namespace = %s AND "key" = %s'
+        uncommitted = self._mariadb_rows(sql, (namespace, key), read_uncommitted=True)[0][0]
+        return bool(uncommitted) and not self.value(sql, namespace, key)
 
 
 Serve = Callable[..., AbstractContextManager["Server"]]
@@ -377,6 +522,7 @@ class Figure:
 @dataclass
 class Figures:
     rows: list[Figure] = field(default_factory=list)
+    database: str = ""  # The server every figure was measured on, with its version.
 
     def add(self, figure: Figure) -> Figure:
         self.rows.append(figure)

@@ -35,7 +35,7 @@ def _expired(db: Database, namespace: str, key: str) -> Callable[[], bool]:
     return lambda: bool(
         db.value(
             "SELECT expires_at < now() FROM django_idempotency_record "
-            "WHERE namespace = %s AND key = %s",
+            'WHERE namespace = %s AND "key" = %s',
             namespace,
             key,
         )
@@ -46,7 +46,7 @@ def _lease_state(db: Database, key: str) -> tuple[str, str, bool]:
     """(status, lease token, lease ended) of the slow endpoint's record; blanks while none."""
     rows = db.rows(
         "SELECT status, lease_token, lease_expires_at < now() FROM django_idempotency_record "
-        "WHERE namespace = %s AND key = %s",
+        'WHERE namespace = %s AND "key" = %s',
         SLOW_NAMESPACE,
         key,
     )

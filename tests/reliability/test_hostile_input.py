@@ -61,9 +61,9 @@ def seeded(server: Server, db: Database) -> Iterator[dict[str, tuple[Any, Answer
 def _completed(db: Database) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     """Completed records that cannot expire during the run: scope -> what is stored."""
     rows = db.rows(
-        "SELECT namespace, owner, key, fingerprint, response_status, response_headers::text, "
+        'SELECT namespace, owner, "key", fingerprint, response_status, response_headers, '
         "response_body, expires_at FROM django_idempotency_record "
-        "WHERE status = 'completed' AND expires_at > now() + interval '1 hour'"
+        "WHERE status = 'completed' AND expires_at > now() + interval '1' hour"
     )
     return {tuple(row[:3]): tuple(row[3:]) for row in rows}
 

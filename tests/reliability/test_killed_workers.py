@@ -49,8 +49,8 @@ def test_a_killed_worker_leaves_no_stuck_key_and_the_retry_runs_once(
 
     wait_until(found, 10, "the worker serving the first request")
 
-    def locked() -> bool:  # In atomic mode the open transaction holds the key's advisory lock.
-        return bool(db.value("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"))
+    def locked() -> bool:  # In atomic mode the claim is uncommitted until the view returns.
+        return db.open_claim(namespace, key)
 
     def claimed() -> bool:
         if mode == "lease":  # The claim is committed before the view runs.
@@ -69,7 +69,7 @@ def test_a_killed_worker_leaves_no_stuck_key_and_the_retry_runs_once(
 
     if mode == "atomic":
         # The claim and the view's writes were one transaction, which died with the worker.
-        wait_until(lambda: not locked(), 10, "PostgreSQL to roll the transaction back")
+        wait_until(lambda: not locked(), 10, f"{db.label} to roll the transaction back")
         assert not db.records(namespace, key)
         assert db.executions(key) == {}
     else:

@@ -1,5 +1,5 @@
-"""Scenario 3: Redis, then PostgreSQL, stopped in the middle of a run of requests; PostgreSQL
-restarted under persistent connections."""
+"""Scenario 3: Redis, then the database (PostgreSQL or MariaDB), stopped in the middle of a run of
+requests; the database restarted under persistent connections."""
 
 from __future__ import annotations
 
@@ -94,8 +94,8 @@ def cached_server(serve: Serve) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def persistent_server(serve: Serve) -> Iterator[Server]:
-    """Persistent connections: after PostgreSQL comes back, each worker's old one is dead."""
-    with serve("pg", CONN_MAX_AGE="60", IDEMPOTENCY_LEASE="10") as running:
+    """Persistent connections: after the database comes back, each worker's old one is dead."""
+    with serve("database", CONN_MAX_AGE="60", IDEMPOTENCY_LEASE="10") as running:
         yield running
 
 
@@ -150,7 +150,7 @@ def test_redis_stopped_mid_run_fails_no_request_and_replays_continue_from_the_da
     )
 
 
-def test_postgresql_stopped_mid_run_answers_503_and_no_key_runs_twice_after_it_returns(
+def test_the_database_stopped_mid_run_answers_503_and_no_key_runs_twice_after_it_returns(
     persistent_server: Server,
     services: Services,
     db: Database,
@@ -163,16 +163,16 @@ def test_postgresql_stopped_mid_run_answers_503_and_no_key_runs_twice_after_it_r
 
     def outage() -> None:
         time.sleep(2)
-        services.stop_postgres()
+        services.stop_database()
         down.append(time.monotonic())
         time.sleep(3)
         down.append(time.monotonic())
-        services.start_postgres()
+        services.start_database()
 
     try:
         sent = _load(server, prefix, list(PATHS.values()), seeded, 8, outage)
     finally:
-        services.start_postgres()  # Already running unless the outage itself failed.
+        services.start_database()  # Already running unless the outage itself failed.
 
     statuses = Counter(s.answer.status for s in sent)
     assert set(statuses) <= {201, 503}, [
@@ -210,7 +210,7 @@ def test_postgresql_stopped_mid_run_answers_503_and_no_key_runs_twice_after_it_r
     figures.add(
         Figure(
             "3. lost servers",
-            "PostgreSQL stopped after 2 s for 3 s (atomic + lease)",
+            f"{services.label} stopped after 2 s for 3 s (atomic + lease)",
             requests=len(sent) + sum(retried.values()),
             absorbed=sum(s.answer.replayed for s in sent),
             executions="1",
@@ -222,7 +222,7 @@ def test_postgresql_stopped_mid_run_answers_503_and_no_key_runs_twice_after_it_r
     )
 
 
-# PostgreSQL restarted under CONN_MAX_AGE: every worker thread holds a persistent connection that
+# The database restarted under CONN_MAX_AGE: every worker thread holds a persistent connection that
 # the restart kills; Django (CONN_HEALTH_CHECKS off) hands it to the thread's next request as is.
 WORKER_THREADS = Server.workers * Server.threads
 ROUNDS = 3
@@ -291,16 +291,6 @@ def _at_once(requests: list[Callable[[], Sent]]) -> list[Sent]:
         return list(pool.map(run, requests))
 
 
-def _demo_connections(db: Database) -> int:
-    """The demo's connections to its database: every client backend but this query's own."""
-    return int(
-        db.value(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-        )
-    )
-
-
 def _warm_up(
     server: Server, db: Database, case: FirstQuery, headers: list[tuple[str, str]], prefix: str
 ) -> dict[str, Sent]:
@@ -321,10 +311,10 @@ def _warm_up(
             for (key, endpoint), s in zip(batch, answers, strict=True):
                 assert s.answer.status == endpoint.success, s.answer
                 completed.setdefault(key, s)
-        if _demo_connections(db) >= WORKER_THREADS:
+        if db.client_connections() >= WORKER_THREADS:
             return completed
         assert time.monotonic() < deadline, (
-            f"After 20 s of warm-up only {_demo_connections(db)} of {WORKER_THREADS} worker "
+            f"After 20 s of warm-up only {db.client_connections()} of {WORKER_THREADS} worker "
             "threads hold a connection."
         )
     raise AssertionError("itertools.count() ended")
@@ -370,7 +360,7 @@ def _failure(answer: Answer) -> str:
 
 
 @pytest.mark.parametrize("case", FIRST_QUERIES, ids=lambda case: case.id)
-def test_postgresql_restarted_under_conn_max_age_fails_no_request_once_it_is_back(
+def test_the_database_restarted_under_conn_max_age_fails_no_request_once_it_is_back(
     case: FirstQuery,
     persistent_server: Server,
     services: Services,
@@ -383,16 +373,16 @@ def test_postgresql_restarted_under_conn_max_age_fails_no_request_once_it_is_bac
     completed = _warm_up(server, db, case, headers, prefix)
     warm_up_requests = 2 * len(completed)
 
-    started_at = db.value("SELECT pg_postmaster_start_time()")
-    services.restart_postgres()
+    started_at = db.started_at()
+    services.restart_database()
     # A stop that silently failed would leave the old server, and its connections, running.
-    assert db.value("SELECT pg_postmaster_start_time()") != started_at
-    assert _demo_connections(db) == 0  # Every persistent connection the workers hold is dead.
+    assert db.started_at() != started_at
+    assert db.client_connections() == 0  # Every persistent connection the workers hold is dead.
 
     sent = _burst(server, case, headers, prefix, completed)
     # One new connection per worker thread that served the burst, which shows it reached them
     # all (a thread whose only request failed has none: Django closed the dead one after it).
-    reconnected = _demo_connections(db)
+    reconnected = db.client_connections()
     endpoints = {e.path: e for e in case.endpoints}
     failed = [s for s in sent if s.answer.status == 0 or s.answer.status >= 500]
     others = [s for s in sent if s not in failed and s.answer.status != endpoints[s.path].success]
@@ -425,7 +415,7 @@ def test_postgresql_restarted_under_conn_max_age_fails_no_request_once_it_is_bac
     figures.add(
         Figure(
             "3. lost servers",
-            f"PostgreSQL restarted, CONN_MAX_AGE 60; first query: {case.label}",
+            f"{services.label} restarted, CONN_MAX_AGE 60; first query: {case.label}",
             requests=len(sent) + retried,
             absorbed=sum(s.answer.replayed for s in sent),
             executions="1" if runs == {1} else str(sorted(runs)),

@@ -12,7 +12,7 @@ from tests.reliability.client import Answer, Race
 from tests.reliability.harness import Database, Figure, Figures, Serve, Server
 
 DUPLICATES = 16
-PROCESSES = 4
+PROCESSES = 8  # Client processes of DUPLICATES // PROCESSES threads each.
 # Keys per configuration (mode, on_conflict), each sent DUPLICATES times at once.
 VARIANTS = [
     ("atomic", "reject", 200),
@@ -47,6 +47,7 @@ def test_concurrent_duplicates_run_once_and_every_other_answer_is_a_replay_or_40
     )
     prefix = f"race-{mode}-{on_conflict}-"
     names = [f"{prefix}{number:04}" for number in range(keys)]
+    deadlocks_before = db.deadlocks()
     started = time.monotonic()
 
     answers = Race(server.url, PATHS[mode], BODY, DUPLICATES, PROCESSES).run(names)
@@ -54,18 +55,25 @@ def test_concurrent_duplicates_run_once_and_every_other_answer_is_a_replay_or_40
     seconds = time.monotonic() - started
     executions = db.executions(prefix)
     tally: Counter[str] = Counter(_kind(a) for group in answers.values() for a in group)
+    # A deadlock the database broke (InnoDB 1213, PostgreSQL's "deadlock detected") must never
+    # reach a client, whatever status it would come with.
+    deadlocks = [a for group in answers.values() for a in group if b"eadlock" in a.body]
+    broken = db.deadlocks() - deadlocks_before  # Told to a client or not.
     figures.add(
         Figure(
             "1. races",
-            f"{mode}, on_conflict={on_conflict}, {keys} keys x {DUPLICATES}",
+            f"{mode}, on_conflict={on_conflict}, {keys} keys x {DUPLICATES} "
+            f"from {PROCESSES} processes",
             requests=sum(len(group) for group in answers.values()),
             absorbed=tally["replay"] + tally["409"],
             executions=_spread(executions, names),
             server_errors=sum(n for kind, n in tally.items() if kind.startswith("5")),
             seconds=seconds,
-            notes=", ".join(f"{kind}: {n}" for kind, n in sorted(tally.items())),
+            notes=", ".join(f"{kind}: {n}" for kind, n in sorted(tally.items()))
+            + f"; deadlock errors: {len(deadlocks)} (deadlocks in the database: {broken})",
         )
     )
+    assert not deadlocks, str(deadlocks[0])
     assert {executions.get(name, 0) for name in names} == {1}, _spread(executions, names)
     records = db.records(NAMESPACES[mode], prefix)
     for name, group in answers.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
@@ -15,9 +15,10 @@ from rest_framework.views import APIView
 
 from django_idempotency.conf import conf
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
+from django_idempotency.contrib.rest_framework.project import with_mixin
 from django_idempotency.core.keys import MAX_KEY_LENGTH
 from django_idempotency.http import problems
-from django_idempotency.http.options import Options, Resolved, resolve
+from django_idempotency.http.options import Options, Resolved, is_exempt, resolve
 from django_idempotency.http.owners import authenticated_user
 from django_idempotency.http.requests import SAFE_METHODS
 from django_idempotency.http.responses import REPLAYED_HEADER
@@ -25,7 +26,7 @@ from django_idempotency.http.responses import REPLAYED_HEADER
 PROBLEM_COMPONENT = "IdempotencyProblem"
 # What the guard answers instead of running the view; its 413 and 503 are left out, as any
 # endpoint can be sent too large a body or find its database down.
-PROBLEM_STATUSES = (400, 409, 422)
+PROBLEM_STATUSES = (400, 409, 410, 422)
 
 
 # The replacement class of each idempotent view (see `IdempotentViewExtension`), one per view
@@ -78,6 +79,11 @@ class IdempotentAutoSchema(AutoSchema):
         return None
 
 
+def _guarded_by_the_project(view: type[APIView], route: Any) -> bool:
+    """IDEMPOTENCY_GUARD_ALL_VIEWS guards this view on this route, as its requests are."""
+    return conf.GUARD_ALL_VIEWS and conf.ENABLED and not is_exempt(view, route)
+
+
 class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
     """Gives the handlers of idempotent views an `IdempotentAutoSchema`; other views stay as is.
 
@@ -96,12 +102,17 @@ class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-
         names = _handler_names(view) | {
             name for method, name in actions.items() if method.upper() not in SAFE_METHODS
         }
+        original = view
+        if not issubclass(view, IdempotencyMixin) and _guarded_by_the_project(
+            view, self.target_callback
+        ):
+            view = with_mixin(cast(Any, view))  # Documented as it runs: mixin in front.
         mixin = issubclass(view, IdempotencyMixin)
         handlers: list[tuple[str, Callable[..., Any], type[AutoSchema], Options | None]] = []
         for name in sorted(names):
             handler = getattr(view, name, None)
             options = declared_options(handler)
-            if handler is None or (options is None and not mixin):
+            if handler is None or (options is None and not mixin) or is_exempt(handler):
                 continue
             base = getattr(handler, "kwargs", {}).get("schema") or view.schema
             base_class = base if isinstance(base, type) else type(base)
@@ -126,7 +137,7 @@ class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-
             for name, handler, base_class, options in handlers
         }
         # Named and documented as the view, which drf-spectacular reads for descriptions.
-        names_of_view = {n: getattr(view, n) for n in ("__doc__", "__module__", "__qualname__")}
+        names_of_view = {n: getattr(original, n) for n in ("__doc__", "__module__", "__qualname__")}
         replacement = type(view.__name__, (view,), {**names_of_view, **documented})
         _replacements[view] = (handlers, replacement)
         return replacement
@@ -207,6 +218,8 @@ def _document_responses(
     for status in PROBLEM_STATUSES:
         kinds = [kind for kind in problems.ALL_KINDS if kind.status == status]
         kinds = [kind for kind in kinds if _can_answer(kind, resolved)]
+        if not kinds:
+            continue
         # A status the operation documents already, e.g. a 400 for validation errors, gains
         # the problem document as a second content type.
         response = responses.setdefault(
@@ -245,6 +258,8 @@ def _can_answer(kind: problems.ProblemKind, resolved: Resolved) -> bool:
         return resolved.required
     if kind is problems.DELIVERY_REJECTED:
         return resolved.verify is not None
+    if kind is problems.RESPONSE_NOT_STORED:
+        return conf.MAX_STORED_BYTES is not None
     if kind is problems.INVALID_OWNER:  # The default owner, a user's primary key, is always valid.
         return conf.OWNER_RESOLVER is not authenticated_user
     return True
