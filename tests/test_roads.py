@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection, connections
 from django.http import HttpRequest
@@ -404,7 +405,14 @@ def test_a_cancelled_async_view_runs_to_its_end_and_the_retry_replays() -> None:
             sent.append(message)
 
         await handler(scope, receive, send)
-        await asyncio.sleep(1.0)  # The shielded view goes on and stores its response.
+        # The shielded view goes on and stores its response: wait for it (10 s at most, so a
+        # loaded machine is not mistaken for a view that never finished).
+        stored = sync_to_async(
+            IdempotencyRecord.objects.filter(key="gone-1", status="completed").exists
+        )
+        deadline = time.monotonic() + 10
+        while not await stored() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         return sent, None
 
     sent, _ = asyncio.run(scenario())
