@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -28,13 +29,23 @@ POOL = 200  # Keys the replay variants cycle through.
 @dataclass(frozen=True)
 class Variant:
     name: str
-    server: str  # "db" or "cache": which gunicorn serves it
+    server: str  # "db", "cache" or "redis": which gunicorn serves it (see SERVERS)
     path: str
     mode: str  # wrk.lua key mode
     prefix: str = ""
 
 
 PLAIN = Variant("plain create (no idempotency)", "db", "/api/bench/plain/", "none")
+# The settings of each gunicorn the variants are served by, beside the demo's own.
+REDIS_STORE = {  # testproject/settings.py reads them from the environment.
+    "IDEMPOTENCY_STORE": "django_idempotency.stores.redis.RedisStore",
+    "IDEMPOTENCY_MODE": "lease",  # The Redis store has no atomic mode.
+}
+SERVERS = {
+    "db": {"IDEMPOTENCY_CACHE": ""},
+    "cache": {"IDEMPOTENCY_CACHE": "idempotency"},
+    "redis": {"IDEMPOTENCY_CACHE": "", **REDIS_STORE},
+}
 CACHED_REPLAY = Variant("replay from the cache tier", "cache", "/api/payments/", "pool", "replay")
 VARIANTS = [
     PLAIN,
@@ -50,6 +61,8 @@ VARIANTS = [
     Variant("idempotent, fresh keys, lease", "db", "/api/bench/lease/", "unique"),
     Variant("replay from the database", "db", "/api/payments/", "pool", "replay"),
     CACHED_REPLAY,
+    Variant("Redis store, fresh keys", "redis", "/api/payments/", "unique", "redis"),
+    Variant("Redis store, replay", "redis", "/api/payments/", "pool", "replay"),
     Variant("409 conflict (key in progress)", "db", "/api/bench/lease/", "fixed", "busy"),
 ]
 
@@ -220,10 +233,12 @@ def statements_per_request(busy_key: str) -> dict[str, str]:
     count("/api/payments/", completed)
     cached = {"IDEMPOTENCY_CACHE": "idempotency"}
     count("/api/payments/", completed, **cached)  # Fills the cache from the database.
+    in_redis = {**REDIS_STORE, "IDEMPOTENCY_REDIS_CACHE": "idempotency"}
+    count("/api/payments/", completed, **in_redis)  # The Redis store's copy of the record.
     counts = {}
     for variant in VARIANTS:
         key = {"unique": f"count-{uuid.uuid4()}", "pool": completed, "fixed": busy_key}
-        settings = cached if variant.server == "cache" else {}
+        settings = {"cache": cached, "redis": in_redis}.get(variant.server, {})
         counts[variant.name] = count(variant.path, key.get(variant.mode), **settings)
     caches["idempotency"].clear()
     return counts
@@ -341,15 +356,17 @@ def main() -> None:
     hold_busy_key(busy_key)
 
     results: dict[str, list[Sample]] = {variant.name: [] for variant in VARIANTS}
-    with (
-        gunicorn(8101, {"IDEMPOTENCY_CACHE": ""}) as (db_url, db_pid),
-        gunicorn(8102, {"IDEMPOTENCY_CACHE": "idempotency"}) as (cache_url, cache_pid),
-    ):
-        urls = {"db": db_url, "cache": cache_url}
-        # The CPU counted for a variant: its gunicorn, PostgreSQL, Redis and wrk.
+    with contextlib.ExitStack() as stack:
+        served = {
+            name: stack.enter_context(gunicorn(8101 + number, settings))
+            for number, (name, settings) in enumerate(SERVERS.items())
+        }
+        urls = {name: url for name, (url, _) in served.items()}
+        # The CPU counted for a variant: its gunicorn, the database, Redis and wrk.
         servers = server_pids(args.database)
-        pids = {"db": [db_pid, *servers], "cache": [cache_pid, *servers]}
-        seed(db_url, f"replay-{run_id}")
+        pids = {name: [pid, *servers] for name, (_, pid) in served.items()}
+        seed(urls["db"], f"replay-{run_id}")
+        seed(urls["redis"], f"replay-{run_id}")  # The Redis store's records are its own.
         for round_number in range(args.rounds):
             for variant in VARIANTS:  # Interleaved: every round measures every variant.
                 prefix = f"{variant.prefix or 'fresh'}-{run_id}"
@@ -366,7 +383,7 @@ def main() -> None:
                 results[variant.name].append(sample)
                 print(f"round {round_number + 1}, {variant.name}: {sample.rps:.0f} req/s")
         outage = redis_outage(
-            cache_url, f"replay-{run_id}", args.seconds, args.connections, pids["cache"]
+            urls["cache"], f"replay-{run_id}", args.seconds, args.connections, pids["cache"]
         )
 
     statements = statements_per_request(busy_key)

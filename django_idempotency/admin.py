@@ -27,10 +27,12 @@ from django.utils.text import Truncator, capfirst
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency.conf import conf
+from django_idempotency.conf import conf, load_callable
 from django_idempotency.core.outcomes import Scope
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import StoreUnavailable, get_store
+from django_idempotency.stores.database import DatabaseStore
+from django_idempotency.stores.redis import RedisStore
 
 if TYPE_CHECKING:
     RecordAdminBase = admin.ModelAdmin[IdempotencyRecord]
@@ -316,6 +318,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         context = getattr(response, "context_data", None)
         if context is not None and "cl" in context:
             context["calendar_hierarchy"] = calendar_hierarchy(context["cl"])
+            context["records_elsewhere"] = records_elsewhere()
         return response
 
     def _table_action_without_selection(self, request: HttpRequest) -> bool:
@@ -517,6 +520,25 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "django_idempotency/admin/confirm_action.html", context)
+
+
+def records_elsewhere() -> str | None:
+    """Where the configured store keeps its records, when that is not this table."""
+    try:
+        store_class = load_callable(conf.STORE, "IDEMPOTENCY_STORE")
+    except Exception:  # A misconfigured store: `manage.py check` reports it.
+        return None
+    if not isinstance(store_class, type) or issubclass(store_class, DatabaseStore):
+        return None
+    if issubclass(store_class, RedisStore):
+        return gettext(
+            "The Redis store keeps the records in Redis (cache alias “%(alias)s”), where they"
+            " expire by Redis TTL: this list shows none of them."
+        ) % {"alias": conf.REDIS_CACHE}
+    return gettext(
+        "The configured store (%(store)s) keeps its records outside this table: this list shows"
+        " none of them."
+    ) % {"store": conf.STORE}
 
 
 def calendar_hierarchy(cl: ChangeList) -> dict[str, Any]:

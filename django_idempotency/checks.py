@@ -36,6 +36,8 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.schema import missing_table, missing_table_message, records_database
 from django_idempotency.stores.base import BaseStore
 from django_idempotency.stores.database import DatabaseStore
+from django_idempotency.stores.memory import MemoryStore
+from django_idempotency.stores.redis import RedisStore
 
 if TYPE_CHECKING:
     from django.apps import AppConfig
@@ -65,6 +67,9 @@ INVALID_BYTE_COUNT = "django_idempotency.E016"
 UNKNOWN_SETTING = "django_idempotency.W005"
 TABLE_MISSING = "django_idempotency.W006"
 MIDDLEWARE_NOT_LAST = "django_idempotency.E017"
+ATOMIC_ON_LEASE_ONLY_STORE = "django_idempotency.E018"
+UNUSABLE_REDIS_CACHE = "django_idempotency.E019"
+MEMORY_STORE_IN_DEPLOYMENT = "django_idempotency.E020"
 
 TAG = "django_idempotency"
 
@@ -92,6 +97,8 @@ def check_settings(
         *_byte_counts(),
         *_unknown_names(),
         *_middleware_order(),
+        *_atomic_setting_on_lease_only_store(),
+        *_redis_cache(),
     ]
 
 
@@ -109,6 +116,18 @@ def check_deployment(
                 hint="Remove IDEMPOTENCY_ENABLED (or set it to True) once the emergency is over;"
                 " it is meant for test suites and incidents, not for production.",
                 id=DISABLED_IN_DEPLOYMENT,
+            )
+        )
+    store_class = _store_class()
+    if isinstance(store_class, type) and issubclass(store_class, MemoryStore):
+        messages.append(
+            Error(
+                f"IDEMPOTENCY_STORE = {conf.STORE!r} keeps records in each process's memory.",
+                hint="Other worker processes never see its claims, so a retry that reaches"
+                " another process runs the view again, and a restart forgets every record. Use"
+                " the database store (the default) or"
+                " django_idempotency.stores.redis.RedisStore in production.",
+                id=MEMORY_STORE_IN_DEPLOYMENT,
             )
         )
     database = _store_database()
@@ -504,7 +523,7 @@ def check_views(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """Routed view classes whose idempotency would fail silently, or on their first request."""
-    messages: list[CheckMessage] = []
+    messages: list[CheckMessage] = list(_atomic_views_on_lease_only_store())
     for route, view_class in _routed_view_classes():
         label = f"{view_class.__module__}.{view_class.__qualname__}"
         if _mixin_shadowed(view_class):
@@ -612,3 +631,77 @@ def _middleware_order() -> Iterable[CheckMessage]:
             " check among them) is skipped for guarded requests.",
             id=MIDDLEWARE_NOT_LAST,
         )
+
+
+def _lease_only_store() -> str | None:
+    """The configured store's dotted path if it cannot run atomic mode, else None."""
+    store_class = _store_class()
+    if not (isinstance(store_class, type) and issubclass(store_class, BaseStore)):
+        return None  # E007 or E009 says why.
+    # A property (a wrapper deciding per instance) cannot be read from the class: not reported.
+    supports_atomic = store_class.supports_atomic
+    return conf.STORE if supports_atomic is False else None
+
+
+def _atomic_on_lease_only_store(what: str, store: str) -> Error:
+    return Error(
+        f"{what} asks for atomic mode, but IDEMPOTENCY_STORE = {store!r} has lease mode only:"
+        " its claims are not part of the view's database transaction, so the view's writes"
+        " would not roll back with them.",
+        hint='Use mode "lease" (IDEMPOTENCY_MODE = "lease", or remove the setting: such a store'
+        " runs every view leased), or use the database store for views that need atomic mode.",
+        id=ATOMIC_ON_LEASE_ONLY_STORE,
+    )
+
+
+def _atomic_setting_on_lease_only_store() -> Iterable[CheckMessage]:
+    store = _lease_only_store()
+    if store is not None and _setting("IDEMPOTENCY_MODE") == "atomic":
+        yield _atomic_on_lease_only_store('IDEMPOTENCY_MODE = "atomic"', store)
+
+
+def _atomic_views_on_lease_only_store() -> Iterator[CheckMessage]:
+    """Routed views whose attribute or @idempotent(mode=...) asks for atomic mode."""
+    store = _lease_only_store()
+    if store is None:
+        return
+    try:
+        routes = list(_routes(get_resolver().url_patterns, ""))
+    except Exception:  # Django's own URL checks report a URLconf that does not load.
+        return
+    seen: set[int] = set()
+    for route, callback in routes:
+        view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+        holders = [callback] if view_class is None else [view_class, *vars(view_class).values()]
+        for holder in holders:
+            options = getattr(holder, "idempotency_options", None)
+            mode = getattr(options, "mode", None) or getattr(holder, "idempotency_mode", None)
+            if mode == "atomic" and id(holder) not in seen:
+                seen.add(id(holder))
+                name = getattr(holder, "__qualname__", repr(holder))
+                label = f"{getattr(holder, '__module__', '')}.{name} (routed at {route!r})"
+                yield _atomic_on_lease_only_store(label, store)
+
+
+def _redis_cache() -> Iterable[CheckMessage]:
+    store_class = _store_class()
+    if not (isinstance(store_class, type) and issubclass(store_class, RedisStore)):
+        return
+    alias = conf.REDIS_CACHE
+    backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
+    try:
+        usable = issubclass(import_string(backend), import_string(_DJANGO_REDIS))
+    except ImportError:  # An alias that is missing, or django-redis not installed.
+        usable = False
+    if not usable:
+        where = f"uses {backend}" if backend else "is not an alias in CACHES"
+        yield Error(
+            f"IDEMPOTENCY_REDIS_CACHE = {alias!r} {where}: the Redis store needs a django-redis"
+            " cache for its connection.",
+            hint=f"Define CACHES[{alias!r}] with BACKEND {_DJANGO_REDIS!r} (pip install"
+            " django-idempotency[redis]), or point IDEMPOTENCY_REDIS_CACHE at such an alias.",
+            id=UNUSABLE_REDIS_CACHE,
+        )
+
+
+_DJANGO_REDIS = "django_redis.cache.RedisCache"

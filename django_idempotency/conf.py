@@ -227,6 +227,11 @@ class Settings:
         return str(value) if value else None  # "" (e.g. from an empty env var) means none.
 
     @cached_property
+    def REDIS_CACHE(self) -> str:
+        """The django-redis cache alias whose connection the Redis store uses."""
+        return str(self._get("IDEMPOTENCY_REDIS_CACHE", "default"))
+
+    @cached_property
     def DATABASE(self) -> str | None:
         value = self._get("IDEMPOTENCY_DATABASE", None)
         return None if value is None else str(value)

@@ -98,6 +98,11 @@ if os.environ.get("REDIS_URL"):
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.2},
     }
 IDEMPOTENCY_CACHE = os.environ.get("IDEMPOTENCY_CACHE") or None
+# Records in Redis instead of the database (lease mode only): IDEMPOTENCY_MODE=lease
+# IDEMPOTENCY_STORE=django_idempotency.stores.redis.RedisStore REDIS_URL=redis://...
+if os.environ.get("IDEMPOTENCY_STORE"):
+    IDEMPOTENCY_STORE = os.environ["IDEMPOTENCY_STORE"]
+    IDEMPOTENCY_REDIS_CACHE = "idempotency"
 
 # The payment provider's webhook signing secret (Standard Webhooks), and the bank API the
 # settlements call (empty: the demo answers for the bank itself).

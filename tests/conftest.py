@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 
 from django_idempotency.models import IdempotencyRecord
+from tests.stores import STORE_MODES, STORE_PARAMS, using_store
 from tests.utils import ViewKind, lose_database
 
 
@@ -147,3 +149,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     option = session.config.option
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and (option.keyword or option.markexpr):
         session.exitstatus = pytest.ExitCode.OK
+
+
+@pytest.fixture(params=STORE_PARAMS)
+def store(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The test runs once per store: the database store (in its default mode), and the Redis
+    and memory stores (lease mode, the only one they have). Yields the store's name."""
+    with using_store(request.param) as name:
+        yield name
+
+
+@pytest.fixture(params=STORE_MODES)
+def store_mode(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """Each store in each of its modes: yields (store, mode)."""
+    store, mode = request.param
+    with using_store(store), override_settings(IDEMPOTENCY_MODE=mode):
+        yield store, mode

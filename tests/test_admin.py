@@ -140,6 +140,40 @@ def test_the_list_shows_the_records_columns(admin_client: Client) -> None:
     assert 'alt="False"' in content  # The "expired" boolean column.
 
 
+@pytest.mark.parametrize(
+    ("store", "says"),
+    [
+        pytest.param("database", None, id="database"),
+        pytest.param(
+            "redis",
+            "The Redis store keeps the records in Redis (cache alias “idempotency”), where they"
+            " expire by Redis TTL",
+            id="redis",
+            marks=pytest.mark.redis,
+        ),
+        pytest.param(
+            "memory",
+            "The configured store (django_idempotency.stores.memory.MemoryStore) keeps its"
+            " records outside this table",
+            id="memory",
+        ),
+    ],
+    indirect=["store"],
+)
+def test_the_list_says_where_another_store_keeps_the_records(
+    admin_client: Client, store: str, says: str | None
+) -> None:
+    response = admin_client.get(CHANGELIST)
+
+    assert response.status_code == 200
+    note = response.context["records_elsewhere"]
+    if says is None:
+        assert note is None
+    else:
+        assert says in note
+        assert note in response.content.decode()
+
+
 def test_the_list_costs_the_same_queries_for_3_or_30_records(admin_client: Client) -> None:
     def queries() -> int:
         with CaptureQueriesContext(connection) as captured:

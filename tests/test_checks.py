@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.checks import ERROR, WARNING, CheckMessage, run_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.test import override_settings
 from django.urls import include, path
 from rest_framework import viewsets
@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
-from django_idempotency import checks
+from django_idempotency import checks, idempotent
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.stores.base import BaseStore
 from django_idempotency.stores.database import DatabaseStore
@@ -59,9 +59,14 @@ E016 = "django_idempotency.E016"
 W005 = "django_idempotency.W005"
 W006 = "django_idempotency.W006"
 E017 = "django_idempotency.E017"
+E018 = "django_idempotency.E018"
+E019 = "django_idempotency.E019"
+E020 = "django_idempotency.E020"
+REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
+MEMORY_STORE = "django_idempotency.stores.memory.MemoryStore"
 IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
 CSRF_MIDDLEWARE = "django.middleware.csrf.CsrfViewMiddleware"
-DEPLOY_ONLY = {W002, W003}
+DEPLOY_ONLY = {W002, W003, E020}
 DATABASE_ONLY = {W006}  # Run by `check --database <alias>`: tested on a real database below.
 
 SHARED_CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:9/0"}
@@ -132,6 +137,23 @@ class MistypedAttribute:
 
 class ValidAttributes:
     urlpatterns = [path("leased/", LeasedView.as_view())]
+
+
+class AtomicView(IdempotencyMixin, APIView):
+    idempotency_mode = "atomic"
+
+
+@idempotent(mode="atomic")
+def atomic_function_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(status=201)
+
+
+class AtomicAttribute:
+    urlpatterns = [path("atomic/", AtomicView.as_view())]
+
+
+class AtomicDecorator:
+    urlpatterns = [path("atomic-function/", atomic_function_view)]
 
 
 class FailingRouter:
@@ -420,6 +442,51 @@ FIRES = [
         ["IdempotencyMiddleware is listed before django.middleware.csrf.CsrfViewMiddleware"],
         id="E017",
     ),
+    pytest.param(
+        E018,
+        {
+            "IDEMPOTENCY_STORE": REDIS_STORE,
+            "CACHES": {"default": SHARED_CACHE},
+            "IDEMPOTENCY_MODE": "atomic",
+        },
+        ['IDEMPOTENCY_MODE = "atomic" asks for atomic mode', f"{REDIS_STORE!r} has lease mode"],
+        id="E018-setting",
+    ),
+    pytest.param(
+        E018,
+        # Any store without atomic mode, not only those shipped.
+        {"IDEMPOTENCY_STORE": "tests.test_checks.MemoryStore", "ROOT_URLCONF": AtomicAttribute},
+        ["tests.test_checks.AtomicView (routed at 'atomic/') asks for atomic mode"],
+        id="E018-view-attribute",
+    ),
+    pytest.param(
+        E018,
+        {
+            "IDEMPOTENCY_STORE": REDIS_STORE,
+            "CACHES": {"default": SHARED_CACHE},
+            "ROOT_URLCONF": AtomicDecorator,
+        },
+        ["tests.test_checks.atomic_function_view (routed at 'atomic-function/') asks for atomic"],
+        id="E018-decorated-view",
+    ),
+    pytest.param(
+        E019,
+        {"IDEMPOTENCY_STORE": REDIS_STORE, "IDEMPOTENCY_REDIS_CACHE": "records"},
+        ["IDEMPOTENCY_REDIS_CACHE = 'records' is not an alias in CACHES"],
+        id="E019-unknown-alias",
+    ),
+    pytest.param(
+        E019,
+        {"IDEMPOTENCY_STORE": REDIS_STORE},
+        ["IDEMPOTENCY_REDIS_CACHE = 'default' uses", "LocMemCache", "django-redis cache"],
+        id="E019-not-django-redis",
+    ),
+    pytest.param(
+        E020,
+        {"IDEMPOTENCY_STORE": MEMORY_STORE},
+        [f"IDEMPOTENCY_STORE = {MEMORY_STORE!r} keeps records in each process's memory"],
+        id="E020",
+    ),
 ]
 
 SILENT = [
@@ -514,6 +581,37 @@ SILENT = [
         E017,
         {"MIDDLEWARE": [*settings.MIDDLEWARE, CSRF_MIDDLEWARE, IDEMPOTENCY_MIDDLEWARE]},
         id="E017",
+    ),
+    pytest.param(
+        E018,
+        {"IDEMPOTENCY_STORE": REDIS_STORE, "CACHES": {"default": SHARED_CACHE}},
+        id="E018-mode-unset",
+    ),
+    pytest.param(
+        E018,
+        {
+            "IDEMPOTENCY_STORE": REDIS_STORE,
+            "CACHES": {"default": SHARED_CACHE},
+            "IDEMPOTENCY_MODE": "lease",
+            "ROOT_URLCONF": ValidAttributes,
+        },
+        id="E018-lease",
+    ),
+    pytest.param(
+        E018, {"IDEMPOTENCY_MODE": "atomic", "ROOT_URLCONF": AtomicAttribute}, id="E018-database"
+    ),
+    pytest.param(
+        E019,
+        {
+            "IDEMPOTENCY_STORE": REDIS_STORE,
+            "CACHES": {"records": SHARED_CACHE},
+            "IDEMPOTENCY_REDIS_CACHE": "records",
+        },
+        id="E019",
+    ),
+    pytest.param(E019, {"IDEMPOTENCY_REDIS_CACHE": "nowhere"}, id="E019-other-store"),
+    pytest.param(
+        E020, {"IDEMPOTENCY_STORE": REDIS_STORE, "CACHES": {"default": SHARED_CACHE}}, id="E020"
     ),
 ]
 

@@ -1,4 +1,4 @@
-"""Real concurrent duplicates over HTTP against PostgreSQL: exactly one execution per key."""
+"""Real concurrent duplicates over HTTP, PostgreSQL and MariaDB, every store: one run per key."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from django.core.servers.basehttp import ThreadedWSGIServer
 from django.test import override_settings
 from django.test.testcases import LiveServerThread
 
-from django_idempotency.models import IdempotencyRecord
 from tests.models import Charge
+from tests.stores import stored
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.mariadb, pytest.mark.django_db(transaction=True)]
 
@@ -47,6 +47,12 @@ def server_url(django_db_setup: None) -> Any:
         raise thread.error
     yield f"http://127.0.0.1:{thread.port}"
     thread.terminate()
+
+
+@pytest.fixture
+def mode(store_mode: tuple[str, str]) -> str:
+    """Each store in each of its modes, as the race's report names it."""
+    return "/".join(store_mode)
 
 
 @dataclass(frozen=True)
@@ -98,12 +104,11 @@ def _report(label: str, answers: dict[str, list[Answer]]) -> Counter[Any]:
     return tally
 
 
-@pytest.mark.parametrize("mode", ["atomic", "lease"])
 @pytest.mark.parametrize("path", ["/function/charges/", "/viewset/charges/"])
 def test_concurrent_duplicates_run_once_and_the_rest_replay_or_409(
     server_url: str, mode: str, path: str
 ) -> None:
-    with override_settings(IDEMPOTENCY_MODE=mode, IDEMPOTENCY_ON_CONFLICT="reject"):
+    with override_settings(IDEMPOTENCY_ON_CONFLICT="reject"):
         answers = _race(server_url, path)
 
     tally = _report(f"{mode}/reject {path}", answers)
@@ -118,14 +123,11 @@ def test_concurrent_duplicates_run_once_and_the_rest_replay_or_409(
         if any(a.status == 409 for a in group):
             problem = json.loads(next(a.body for a in group if a.status == 409))
             assert problem["status"] == 409
-    assert IdempotencyRecord.objects.filter(status="completed").count() == KEYS
+    assert [record.status for record in stored()] == ["completed"] * KEYS
 
 
-@pytest.mark.parametrize("mode", ["atomic", "lease"])
 def test_with_wait_every_duplicate_gets_the_identical_response(server_url: str, mode: str) -> None:
-    with override_settings(
-        IDEMPOTENCY_MODE=mode, IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=30
-    ):
+    with override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=30):
         answers = _race(server_url, "/function/charges/")
 
     _report(f"{mode}/wait", answers)

@@ -16,24 +16,23 @@ from django.test.client import AsyncClient
 from django.utils import timezone
 
 from django_idempotency import idempotent
-from django_idempotency.core.outcomes import Claim, Outcome, StoredResponse
+from django_idempotency.core.outcomes import Scope, StoredResponse
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import get_store
-from tests.factories import IdempotencyRecordFactory
 from tests.models import Charge
-from tests.utils import assert_problem, fingerprint_of, post
+from tests.stores import hold
+from tests.utils import assert_problem, post
 
 URL = "/function/charges/"
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("store")
 @override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=0.3)
 def test_wait_gives_up_with_409_when_the_first_request_outlasts_the_timeout(
     client: Client,
 ) -> None:
-    IdempotencyRecordFactory(
-        in_progress=True, key="k", fingerprint=fingerprint_of(URL, {"amount": 10})
-    )
+    hold(Scope("default", "", "k"), URL, {"amount": 10})
 
     started = time.monotonic()
     response = post(client, URL, key="k")
@@ -44,15 +43,13 @@ def test_wait_gives_up_with_409_when_the_first_request_outlasts_the_timeout(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("store")
 @override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=10)
 def test_wait_replays_the_result_once_the_first_request_completes() -> None:
-    record = IdempotencyRecordFactory(
-        in_progress=True, key="k", fingerprint=fingerprint_of(URL, {"amount": 10})
-    )
+    claim = hold(Scope("default", "", "k"), URL, {"amount": 10})
 
     def complete_soon() -> None:
         time.sleep(0.2)
-        claim = Claim(Outcome.FRESH, record_id=record.pk, lease_token=record.lease_token)
         get_store().complete(claim, StoredResponse(201, [], b"first"), timezone.now())
 
     finisher = threading.Thread(target=complete_soon)

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from django.test import Client, override_settings
 
-from django_idempotency.models import IdempotencyRecord
 from tests.factories import UserFactory
 from tests.models import Charge
+from tests.stores import stored
 from tests.utils import ViewKind, post
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("store")]
 
 
 def tenant_owner(request: Any) -> str:
@@ -33,7 +33,7 @@ def test_user_b_never_receives_user_a_response(view_kind: ViewKind) -> None:
     assert "Idempotent-Replayed" not in for_bob
     assert json.loads(for_bob.content)["id"] != json.loads(for_alice.content)["id"]
     assert Charge.objects.count() == 2
-    assert sorted(IdempotencyRecord.objects.values_list("owner", flat=True)) == sorted(
+    assert sorted(record.owner for record in stored()) == sorted(
         [str(alice.session["_auth_user_id"]), str(bob.session["_auth_user_id"])]
     )
 
@@ -57,7 +57,7 @@ def test_a_tenant_resolver_scopes_keys_by_tenant(client: Client) -> None:
 
     assert "Idempotent-Replayed" not in other_tenant
     assert same_tenant["Idempotent-Replayed"] == "true"
-    assert set(IdempotencyRecord.objects.values_list("owner", flat=True)) == {
+    assert {record.owner for record in stored()} == {
         "tenant:acme",
         "tenant:globex",
     }
@@ -70,7 +70,7 @@ def test_namespaces_keep_the_same_key_apart(client: Client) -> None:
 
     assert refund.status_code == 201
     assert "Idempotent-Replayed" not in refund
-    assert set(IdempotencyRecord.objects.values_list("namespace", flat=True)) == {
+    assert {record.namespace for record in stored()} == {
         "default",
         "refunds",
     }

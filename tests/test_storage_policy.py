@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 from django.test import Client, override_settings
 
 from django_idempotency.models import IdempotencyRecord
 from tests.models import Charge
+from tests.stores import stored, the_record
 from tests.utils import assert_problem, post
 
 pytestmark = pytest.mark.django_db
 
 URL = "/function/charges/"
-MODES = ["atomic", "lease"]
 
 
-@pytest.fixture(params=MODES)
-def mode(request: pytest.FixtureRequest) -> Iterator[str]:
-    with override_settings(IDEMPOTENCY_MODE=request.param):
-        yield request.param
+@pytest.fixture
+def mode(store_mode: tuple[str, str]) -> str:
+    """Each store in each of its modes; the mode decides what a failure leaves behind."""
+    return store_mode[1]
 
 
 def test_a_400_releases_the_key_so_the_corrected_retry_runs(client: Client, mode: str) -> None:
@@ -55,7 +54,7 @@ def test_a_returned_500_releases_the_key(client: Client, mode: str) -> None:
     assert retry.status_code == 201
     # Atomic mode rolls the failed attempt's writes back with the claim; lease mode cannot.
     assert Charge.objects.count() == (1 if mode == "atomic" else 2)
-    assert IdempotencyRecord.objects.get().response_status == 201
+    assert the_record().response_status == 201
 
 
 def test_500s_are_stored_when_the_project_opts_in(client: Client, mode: str) -> None:
@@ -83,7 +82,7 @@ def test_an_exception_releases_the_key_and_the_retry_runs_once(mode: str) -> Non
 
     crashed = post(client, URL, outcome="raise")
     assert crashed.status_code == 500
-    assert not IdempotencyRecord.objects.exists()
+    assert not stored()
 
     retry = post(client, URL)
     again = post(client, URL)
@@ -161,8 +160,8 @@ def test_a_response_over_the_limit_is_kept_without_its_body_and_never_runs_again
     assert "status 200" in problem["detail"]
     assert "1024 bytes" in problem["detail"]
     assert Charge.objects.count() == 1
-    record = IdempotencyRecord.objects.get()
-    assert (record.status, bytes(record.response_body), record.response_status) == (
+    record = the_record()
+    assert (record.status, record.response_body, record.response_status) == (
         "completed",
         b"",
         200,

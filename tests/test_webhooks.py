@@ -13,12 +13,12 @@ from django.test import Client, RequestFactory
 from standardwebhooks.webhooks import Webhook
 
 from django_idempotency.exceptions import DeliveryRejected
-from django_idempotency.models import IdempotencyRecord
 from django_idempotency.webhooks import StandardWebhooks
 from tests.models import Charge
+from tests.stores import stored, the_record
 from tests.views import WEBHOOK_SECRET
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("store")]
 
 URL = "/webhooks/"
 
@@ -55,7 +55,7 @@ def assert_rejected(response: Any, detail: str) -> None:
     problem = response.json()
     assert problem["type"].endswith("delivery-rejected")
     assert detail in problem["detail"]
-    assert not IdempotencyRecord.objects.exists()
+    assert not stored()
     assert not Charge.objects.exists()
 
 
@@ -73,7 +73,7 @@ def test_a_valid_delivery_runs_once_and_a_redelivery_gets_the_stored_answer(
     assert again.content == first.content
     assert again["Idempotent-Replayed"] == "true"
     assert Charge.objects.filter(reference="event:evt_1").count() == 1
-    record = IdempotencyRecord.objects.get()
+    record = the_record()
     assert (record.namespace, record.key) == ("webhooks", "msg_1")
 
 

@@ -7,10 +7,25 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django_idempotency.core.outcomes import Claim, Scope, StoredResponse
+from django_idempotency.core.outcomes import (
+    Claim,
+    Outcome,
+    Scope,
+    StoredResponse,
+    classify,
+    is_abandoned,
+)
 from django_idempotency.exceptions import StoreUnavailable
 
-__all__ = ["BaseStore", "ClaimRequest", "PurgeResult", "StoreBusy", "StoreUnavailable"]
+__all__ = [
+    "BaseStore",
+    "ClaimRequest",
+    "PurgeResult",
+    "Record",
+    "StoreBusy",
+    "StoreUnavailable",
+    "fresh_claim",
+]
 
 
 class StoreBusy(Exception):
@@ -53,12 +68,13 @@ class BaseStore:
       An expired record, or an in-progress one whose lease has expired, is taken over atomically.
       It raises `StoreUnavailable` when the store cannot be reached.
     - `complete` stores the response, `release` forgets the claim; both act only if the claim's
-      lease token still matches, and return whether they did.
+      lease token still matches, and return whether they did. A store without row ids leaves
+      `Claim.record_id` None and finds the claim's record by `Claim.scope`.
     - `lookup` may answer a replay (or mismatch) from a faster copy before any transaction is
       opened; None sends the request on to `begin`.
     - `purge` deletes expired records and abandoned claims (in progress, lease run out) in
       short batches, each its own transaction, calling `forget` (by default `self.forget`)
-      with each batch's scopes.
+      with each batch's scopes. A backend that expires records itself returns an empty result.
     - `forget` drops any copies kept outside the store of record (the cache tier's).
     - `atomic` is the transaction atomic mode runs the view in. It yields whether it opened that
       transaction itself; if so, `discard` rolls the view's work back with the claim. If not (a
@@ -104,3 +120,62 @@ class BaseStore:
     def after_commit(self, action: Callable[[], None]) -> None:
         """Run `action` once the work of `complete` is durable (at once, by default)."""
         action()
+
+
+def fresh_claim(request: ClaimRequest, token: str) -> Claim:
+    """The claim of a request that now holds its key under `token`."""
+    return Claim(
+        Outcome.FRESH,
+        lease_token=token,
+        lease_expires_at=None if request.lease is None else request.now + request.lease,
+        scope=request.scope,
+        fingerprint=request.fingerprint,
+        expires_at=request.now + request.ttl,
+        method=request.method,
+        path=request.path,
+    )
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record as a store without SQL keeps it (memory) or reads it back (Redis)."""
+
+    fingerprint: str
+    method: str
+    path: str
+    status: str
+    lease_token: str
+    lease_expires_at: datetime | None
+    created_at: datetime
+    expires_at: datetime
+    response: StoredResponse | None = None
+
+    def abandoned(self, now: datetime) -> bool:
+        """Free to take over: `core.outcomes.is_abandoned`, the database store's rule too."""
+        return is_abandoned(
+            status=self.status,
+            expires_at=self.expires_at,
+            lease_expires_at=self.lease_expires_at,
+            now=now,
+        )
+
+    def answer(self, request: ClaimRequest) -> Claim:
+        """What this record, holding the key and not abandoned, means for the request."""
+        outcome = classify(
+            status=self.status,
+            expires_at=self.expires_at,
+            now=request.now,
+            same_request=(self.fingerprint, self.method, self.path)
+            == (request.fingerprint, request.method, request.path),
+        )
+        if outcome is not Outcome.REPLAY:
+            return Claim(outcome, lease_expires_at=self.lease_expires_at)
+        return Claim(
+            outcome,
+            response=self.response or StoredResponse(200),
+            scope=request.scope,
+            fingerprint=self.fingerprint,
+            expires_at=self.expires_at,
+            method=self.method,
+            path=self.path,
+        )

@@ -1,0 +1,114 @@
+"""The memory store: records in one process's memory, for tests and single-process development."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from datetime import datetime
+
+from django_idempotency.core.outcomes import (
+    Claim,
+    Scope,
+    Status,
+    StoredResponse,
+)
+from django_idempotency.stores.base import (
+    BaseStore,
+    ClaimRequest,
+    PurgeResult,
+    Record,
+    fresh_claim,
+)
+
+
+class MemoryStore(BaseStore):
+    """A dict behind a lock. Other processes never see its records, and a restart forgets them:
+    not for production (`check --deploy` refuses it). Lease mode only, like the Redis store."""
+
+    supports_atomic = False
+
+    def __init__(self) -> None:
+        self.records: dict[Scope, Record] = {}
+        self._lock = threading.Lock()
+
+    def begin(self, request: ClaimRequest) -> Claim:
+        now = request.now
+        with self._lock:
+            record = self.records.get(request.scope)
+            if record is not None and not record.abandoned(now):
+                return record.answer(request)
+            token = uuid.uuid4().hex
+            lease_end = now + request.lease if request.lease is not None else None
+            self.records[request.scope] = Record(
+                fingerprint=request.fingerprint,
+                method=request.method,
+                path=request.path,
+                status=Status.IN_PROGRESS.value,
+                lease_token=token,
+                lease_expires_at=lease_end,
+                created_at=now,
+                expires_at=now + request.ttl,
+            )
+        return fresh_claim(request, token)
+
+    def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
+        assert claim.scope is not None
+        with self._lock:
+            record = self._own(claim)
+            if record is None:
+                return False
+            self.records[claim.scope] = replace(
+                record,
+                status=Status.COMPLETED.value,
+                lease_expires_at=None,
+                response=response,
+            )
+        return True
+
+    def release(self, claim: Claim) -> bool:
+        assert claim.scope is not None
+        with self._lock:
+            if self._own(claim) is None:
+                return False
+            del self.records[claim.scope]
+        return True
+
+    def purge(
+        self,
+        now: datetime,
+        *,
+        batch_size: int = 1000,
+        namespace: str | None = None,
+        dry_run: bool = False,
+        progress: Callable[[PurgeResult], None] | None = None,
+        forget: Callable[[Iterable[Scope]], None] | None = None,
+    ) -> PurgeResult:
+        """Expired records and abandoned claims go in one batch: a dict needs no batching."""
+        result = PurgeResult()
+        with self._lock:
+            gone = [
+                (scope, record)
+                for scope, record in self.records.items()
+                if record.abandoned(now) and namespace in (None, scope.namespace)
+            ]
+            for scope, record in gone:
+                if record.status == Status.COMPLETED:
+                    result.expired += 1
+                else:
+                    result.abandoned += 1
+                if not dry_run:
+                    del self.records[scope]
+        if gone and not dry_run:
+            result.batches = 1
+            (forget or self.forget)(scope for scope, _ in gone)
+            if progress is not None:
+                progress(result)
+        return result
+
+    def _own(self, claim: Claim) -> Record | None:
+        """The claim's record while it still carries the claim's token (fencing); lock held."""
+        assert claim.scope is not None
+        record = self.records.get(claim.scope)
+        return record if record is not None and record.lease_token == claim.lease_token else None

@@ -1,0 +1,117 @@
+"""The Redis store on a real Redis: its key layout, expiry by Redis TTL, and Redis down."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from django_idempotency.attempts import Attempt
+from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
+from django_idempotency.stores import StoreUnavailable, get_store
+from django_idempotency.stores.redis import RedisStore
+from tests.models import Charge
+from tests.stores import claim_request, redis_keys, redis_settings, the_record, using_store
+from tests.utils import ViewKind, assert_problem, post
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+URL = "/function/charges/"
+SCOPE = Scope("default", "", "key-1")
+DEAD = "redis://127.0.0.1:9/0"  # Nothing listens there: every call fails as with Redis down.
+
+
+@pytest.fixture
+def redis_store() -> Iterator[RedisStore]:
+    with using_store("redis"):
+        store = get_store()
+        assert isinstance(store, RedisStore)
+        yield store
+
+
+@pytest.fixture
+def redis_down() -> Iterator[None]:
+    with override_settings(**redis_settings(DEAD)):
+        yield
+
+
+def test_each_record_is_one_hash_whose_key_hash_tags_the_scope(redis_store: RedisStore) -> None:
+    post(Client(), URL)
+
+    connection = redis_store.connection()
+    [key] = redis_keys(redis_store)
+    digest = hashlib.sha256(b"default\x00\x00key-1").hexdigest()
+    assert re.fullmatch(rf"tests-\d+:django_idempotency:1:\{{{digest}\}}", key.decode())
+    fields = {name.decode() for name in connection.hgetall(key)}
+    assert fields == {
+        *("namespace", "owner", "key", "fingerprint", "method", "path", "status"),
+        *("lease_token", "created_at", "expires_at", "completed_at"),
+        *("response_status", "response_reason", "response_headers", "response_body"),
+    }
+
+
+def test_a_completed_record_expires_with_its_ttl_in_redis(redis_store: RedisStore) -> None:
+    with override_settings(IDEMPOTENCY_TTL=timedelta(minutes=5)):
+        post(Client(), URL)
+
+    [key] = redis_keys(redis_store)
+    expires_at = the_record().expires_at.timestamp() * 1000
+    assert abs(redis_store.connection().pexpiretime(key) - expires_at) <= 1
+
+
+def test_a_claim_outlives_a_ttl_shorter_than_its_lease(redis_store: RedisStore) -> None:
+    claim = redis_store.begin(claim_request(ttl=5, lease=60))
+
+    [key] = redis_keys(redis_store)
+    assert claim.lease_expires_at is not None
+    lease_end = claim.lease_expires_at.timestamp() * 1000
+    assert abs(redis_store.connection().pexpiretime(key) - lease_end) <= 1
+    # Past its TTL but within its lease, the claim still holds the key.
+    later = replace(claim_request(), now=timezone.now() + timedelta(seconds=10))
+    assert redis_store.begin(later).outcome is Outcome.IN_PROGRESS
+
+
+def test_purge_deletes_nothing_and_says_so(
+    redis_store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = post(Client(), URL)
+
+    with caplog.at_level(logging.INFO, logger="django_idempotency"):
+        result = redis_store.purge(timezone.now() + timedelta(days=2))
+
+    assert (result.total, result.batches) == (0, 0)
+    assert "expire by Redis TTL" in caplog.text
+    assert post(Client(), URL).content == first.content
+
+
+@pytest.mark.parametrize(
+    "view_kind",
+    [ViewKind.FUNCTION, ViewKind.VIEWSET_MIXIN, ViewKind.ASYNC_FUNCTION],
+    ids=lambda kind: kind.name.lower(),
+)
+def test_redis_down_is_503_and_the_view_does_not_run(redis_down: None, view_kind: ViewKind) -> None:
+    response = post(Client(), view_kind.url)
+
+    assert_problem(response, 503, "store-unavailable")
+    assert response["Retry-After"]
+    assert Charge.objects.count() == 0
+
+
+def test_redis_lost_after_the_claim_keeps_the_key_until_the_lease_ends(
+    redis_store: RedisStore,
+) -> None:
+    attempt = Attempt(atomic=False, on_conflict="reject")
+    assert attempt.begin(claim_request(lease=0.3)).outcome is Outcome.FRESH
+
+    with override_settings(**redis_settings(DEAD)), pytest.raises(StoreUnavailable):
+        attempt.complete(StoredResponse(201, [], b"lost"))
+
+    # Not stored and not released: the claim ends with its lease, never with a second run.
+    assert the_record().status == "in_progress"
