@@ -252,10 +252,8 @@ def redis_outage(url: str, prefix: str, seconds: int, connections: int, pids: li
     )
     sample = wrk(url, CACHED_REPLAY, prefix, seconds, connections, pids)
     stopper.wait()
-    subprocess.run(
-        ["redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--daemonize", "yes"],
-        check=True,
-    )
+    # Started again as benchmarks/run started it (its pid file is what server_pids reads).
+    subprocess.run(["bash", "-c", "source scripts/services.sh; start_redis"], cwd=ROOT, check=True)
     return sample
 
 

@@ -16,7 +16,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import InterfaceError, OperationalError, connections, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.db.models.expressions import Combinable
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -28,8 +28,9 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from django_idempotency.conf import conf, load_callable
+from django_idempotency.core.fingerprint import is_json_media_type
 from django_idempotency.core.outcomes import Scope
-from django_idempotency.models import IdempotencyRecord
+from django_idempotency.models import IdempotencyRecord, abandoned
 from django_idempotency.stores import StoreUnavailable, get_store
 from django_idempotency.stores.database import DatabaseStore
 from django_idempotency.stores.redis import RedisStore
@@ -662,10 +663,8 @@ def _forget_on_commit(scopes: list[Scope], using: str | None) -> None:
 
 
 def _stuck(now: datetime) -> QuerySet[IdempotencyRecord]:
-    """In-progress records whose lease ran out: the request holding them is gone."""
-    return IdempotencyRecord.objects.filter(
-        Q(status=IdempotencyRecord.Status.IN_PROGRESS) & Q(lease_expires_at__lte=now)
-    )
+    """Abandoned records: in progress, their lease run out, the request holding them gone."""
+    return IdempotencyRecord.objects.filter(abandoned(now))
 
 
 def _header_pairs(obj: IdempotencyRecord) -> list[tuple[str, str]]:
@@ -678,10 +677,6 @@ def _content_type(obj: IdempotencyRecord) -> str:
         if name.lower() == "content-type":
             return value
     return ""
-
-
-def _is_json(media_type: str) -> bool:
-    return media_type == "application/json" or media_type.endswith("+json")
 
 
 def _is_text(media_type: str) -> bool:
@@ -740,7 +735,9 @@ def _charset(parameters: str) -> str:
 
 def _decoded(body: bytes, media_type: str, charset: str) -> str | None:
     """The body as text to show (JSON indented), or None if it is binary."""
-    looks_like_json = _is_json(media_type) or (not media_type and body.lstrip()[:1] in (b"{", b"["))
+    looks_like_json = is_json_media_type(media_type) or (
+        not media_type and body.lstrip()[:1] in (b"{", b"[")
+    )
     if looks_like_json and len(body) <= PRETTY_PRINT_MAX_BYTES:
         try:
             return json.dumps(json.loads(body), indent=2, ensure_ascii=False)

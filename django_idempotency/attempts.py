@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -82,6 +83,22 @@ class Attempt:
         if exc is not None:
             self.abort()
         self._transaction.__exit__(exc_type, exc, tb)  # Commits, or rolls back on an error.
+
+    def claim_key(
+        self, scope: Scope, fingerprint: str, *, method: str, path: str, ttl: timedelta
+    ) -> Claim:
+        """`begin` for this request or call, now: leased unless atomic mode holds the claim."""
+        return self.begin(
+            ClaimRequest(
+                scope=scope,
+                fingerprint=fingerprint,
+                method=method,
+                path=path,
+                now=timezone.now(),
+                ttl=ttl,
+                lease=None if self.atomic else conf.LEASE,
+            )
+        )
 
     def begin(self, request: ClaimRequest) -> Claim:
         """Claim the key; with on_conflict="wait", retry with backoff until the deadline.

@@ -15,12 +15,12 @@ from django.core.cache.backends.dummy import DummyCache
 from django.core.cache.backends.locmem import LocMemCache
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
-from django.db import router
 from django.db.utils import load_backend
 from django.urls import URLResolver, get_resolver
 from django.utils.module_loading import import_string
 
 from django_idempotency.conf import (
+    DEFAULT_PATHS,
     ERROR_FORMATS,
     HEADER_NAME,
     MODES,
@@ -35,7 +35,7 @@ from django_idempotency.http.options import attribute_errors
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.schema import missing_table, missing_table_message, records_database
 from django_idempotency.stores.base import BaseStore
-from django_idempotency.stores.database import DatabaseStore
+from django_idempotency.stores.database import DatabaseStore, records_alias
 from django_idempotency.stores.memory import MemoryStore
 from django_idempotency.stores.redis import RedisStore
 
@@ -75,7 +75,7 @@ TAG = "django_idempotency"
 
 _UNSET = object()
 
-_DEFAULT_STORE = "django_idempotency.stores.database.DatabaseStore"
+_DEFAULT_STORE = DEFAULT_PATHS["STORE"]
 
 
 def check_settings(
@@ -324,11 +324,8 @@ def _namespace() -> Iterable[CheckMessage]:
 
 
 def _callables() -> Iterable[CheckMessage]:
-    rules = [
-        ("OWNER_RESOLVER", "django_idempotency.http.owners.authenticated_user"),
-        ("FINGERPRINT", "django_idempotency.http.requests.request_fingerprint"),
-    ]
-    for attribute, default in rules:
+    for attribute in ("OWNER_RESOLVER", "FINGERPRINT"):
+        default = DEFAULT_PATHS[attribute]
         name = f"IDEMPOTENCY_{attribute}"
         hint = f"Set {name} to a callable taking the request, or its dotted path, e.g. {default!r}."
         loaded = _load(name, partial(getattr, conf, attribute), hint)
@@ -447,7 +444,7 @@ def _store_database() -> tuple[str, str, str] | None:
     if not (isinstance(store_class, type) and issubclass(store_class, DatabaseStore)):
         return None
     try:
-        alias = conf.DATABASE or router.db_for_write(IdempotencyRecord)
+        alias = records_alias()
         engine = settings.DATABASES[alias].get("ENGINE") or "django.db.backends.dummy"
     except Exception:  # An unknown alias, a router that fails.
         return None

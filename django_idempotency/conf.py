@@ -12,7 +12,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from django_idempotency.core.keys import KEY_FORMATS, KeyFormat
+from django_idempotency.core.keys import KEY_FORMATS, MAX_NAMESPACE_LENGTH, KeyFormat
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -20,10 +20,15 @@ if TYPE_CHECKING:
 Mode = Literal["atomic", "lease"]
 OnConflict = Literal["reject", "wait"]
 MODES: tuple[Mode, ...] = ("atomic", "lease")
-MAX_NAMESPACE_LENGTH = 100  # The record's namespace column.
 # An RFC 9110 field-name: a token of visible ASCII letters, digits and these symbols.
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 ON_CONFLICT: tuple[OnConflict, ...] = ("reject", "wait")
+# The settings naming a callable or class by its dotted path, and what each defaults to.
+DEFAULT_PATHS = {
+    "OWNER_RESOLVER": "django_idempotency.http.owners.authenticated_user",
+    "FINGERPRINT": "django_idempotency.http.requests.request_fingerprint",
+    "STORE": "django_idempotency.stores.database.DatabaseStore",
+}
 ErrorFormat = Literal["problem", "drf"]
 ERROR_FORMATS: tuple[ErrorFormat, ...] = ("problem", "drf")
 # RFC 4151 tag URIs name each problem type without promising a page behind it (RFC 9457 3.1.1).
@@ -189,16 +194,12 @@ class Settings:
 
     @cached_property
     def OWNER_RESOLVER(self) -> Callable[[HttpRequest], str]:
-        value = self._get(
-            "IDEMPOTENCY_OWNER_RESOLVER", "django_idempotency.http.owners.authenticated_user"
-        )
+        value = self._get("IDEMPOTENCY_OWNER_RESOLVER", DEFAULT_PATHS["OWNER_RESOLVER"])
         return load_callable(value, "IDEMPOTENCY_OWNER_RESOLVER")
 
     @cached_property
     def FINGERPRINT(self) -> Callable[[HttpRequest], str]:
-        value = self._get(
-            "IDEMPOTENCY_FINGERPRINT", "django_idempotency.http.requests.request_fingerprint"
-        )
+        value = self._get("IDEMPOTENCY_FINGERPRINT", DEFAULT_PATHS["FINGERPRINT"])
         return load_callable(value, "IDEMPOTENCY_FINGERPRINT")
 
     @cached_property
@@ -217,9 +218,7 @@ class Settings:
 
     @cached_property
     def STORE(self) -> str:
-        return str(
-            self._get("IDEMPOTENCY_STORE", "django_idempotency.stores.database.DatabaseStore")
-        )
+        return str(self._get("IDEMPOTENCY_STORE", DEFAULT_PATHS["STORE"]))
 
     @cached_property
     def CACHE(self) -> str | None:

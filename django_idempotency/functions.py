@@ -10,11 +10,9 @@ from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
-from django.utils import timezone
 
 from django_idempotency.attempts import Attempt
 from django_idempotency.conf import (
-    MAX_NAMESPACE_LENGTH,
     Mode,
     OnConflict,
     check_options,
@@ -22,11 +20,15 @@ from django_idempotency.conf import (
     to_timedelta,
 )
 from django_idempotency.core.fingerprint import canonical_json, fingerprint
-from django_idempotency.core.keys import MAX_KEY_LENGTH, MAX_OWNER_LENGTH, InvalidKey
+from django_idempotency.core.keys import (
+    MAX_KEY_LENGTH,
+    MAX_NAMESPACE_LENGTH,
+    MAX_OWNER_LENGTH,
+    InvalidKey,
+)
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.exceptions import KeyInProgress, KeyMismatch
 from django_idempotency.results import ResultSerializer, serializer_for
-from django_idempotency.stores import ClaimRequest
 
 Func = TypeVar("Func", bound=Callable[..., Any])
 # Picks a value from the call's arguments: a parameter's name, or a callable taking them all.
@@ -72,16 +74,8 @@ def run_once(
     on_conflict = options.on_conflict or conf.ON_CONFLICT
     ttl = conf.TTL if options.ttl is None else to_timedelta(options.ttl, "ttl")
     with Attempt(atomic=mode == "atomic", on_conflict=on_conflict) as attempt:
-        claim = attempt.begin(
-            ClaimRequest(
-                scope=call.scope,
-                fingerprint=call.fingerprint,
-                method=call.method,
-                path=call.label,
-                now=timezone.now(),
-                ttl=ttl,
-                lease=None if attempt.atomic else conf.LEASE,
-            )
+        claim = attempt.claim_key(
+            call.scope, call.fingerprint, method=call.method, path=call.label, ttl=ttl
         )
         if claim.outcome is Outcome.REPLAY:
             assert claim.response is not None

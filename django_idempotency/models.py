@@ -7,7 +7,7 @@ from datetime import datetime
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency.core.keys import MAX_OWNER_LENGTH
+from django_idempotency.core.keys import MAX_KEY_LENGTH, MAX_NAMESPACE_LENGTH, MAX_OWNER_LENGTH
 from django_idempotency.core.outcomes import Status
 
 
@@ -18,7 +18,9 @@ class IdempotencyRecord(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     namespace = models.CharField(
-        _("namespace"), max_length=100, help_text=_("Keyspace of the view or function.")
+        _("namespace"),
+        max_length=MAX_NAMESPACE_LENGTH,
+        help_text=_("Keyspace of the view or function."),
     )
     owner = models.CharField(
         _("owner"),
@@ -26,7 +28,9 @@ class IdempotencyRecord(models.Model):
         blank=True,
         help_text=_("Who sent the key (the user by default); empty for anonymous requests."),
     )
-    key = models.CharField(_("key"), max_length=255, help_text=_("The client's idempotency key."))
+    key = models.CharField(
+        _("key"), max_length=MAX_KEY_LENGTH, help_text=_("The client's idempotency key.")
+    )
     fingerprint = models.CharField(
         _("fingerprint"),
         max_length=64,
@@ -103,12 +107,15 @@ class IdempotencyRecord(models.Model):
         return f"{self.namespace}:{self.key}"
 
 
+def abandoned(now: datetime) -> models.Q:
+    """In-progress records whose lease ran out: the request holding them is gone."""
+    return models.Q(status=IdempotencyRecord.Status.IN_PROGRESS, lease_expires_at__lte=now)
+
+
 def reclaimable(now: datetime) -> models.Q:
     """The records a new request may take over and the purge may delete: the database's form
-    of `core.outcomes.is_abandoned` (expired, or in progress with a lease run out; never a
-    live lease)."""
-    in_progress = IdempotencyRecord.Status.IN_PROGRESS
-    return models.Q(status=in_progress, lease_expires_at__lte=now) | models.Q(
+    of `core.outcomes.is_abandoned` (abandoned, or expired without a live lease)."""
+    return abandoned(now) | models.Q(
         models.Q(status=IdempotencyRecord.Status.COMPLETED) | models.Q(lease_expires_at=None),
         expires_at__lte=now,
     )

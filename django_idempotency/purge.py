@@ -27,6 +27,11 @@ class PurgeReport:
     dry_run: bool
 
 
+def is_batch_size(value: object) -> bool:
+    """A whole number of records, one or more (True is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def purge_expired_records(
     *,
     batch_size: int = 1000,
@@ -37,7 +42,7 @@ def purge_expired_records(
     """Delete expired records and abandoned claims in batches of `batch_size`, one transaction
     each, so live claims never wait long; `progress` gets the running counts after each batch.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_batch_size(batch_size):
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     started = time.perf_counter()
     done = PurgeResult()

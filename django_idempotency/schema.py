@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, connections
 
 from django_idempotency.conf import conf, load_callable
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.stores.database import DatabaseStore
+from django_idempotency.stores.database import DatabaseStore, records_alias
 
 MIGRATE_HINT = "run `python manage.py migrate django_idempotency`"
 
@@ -17,7 +17,7 @@ def records_database() -> str | None:
         store_class = load_callable(conf.STORE, "IDEMPOTENCY_STORE")
         if not (isinstance(store_class, type) and issubclass(store_class, DatabaseStore)):
             return None
-        return conf.DATABASE or router.db_for_write(IdempotencyRecord)
+        return records_alias()
     except Exception:  # A store or router that fails: the checks that own it say why.
         return None
 

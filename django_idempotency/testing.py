@@ -15,6 +15,7 @@ from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 
 from django_idempotency import signals
 from django_idempotency.conf import conf
+from django_idempotency.core.fingerprint import is_json_media_type
 from django_idempotency.core.keys import new_key
 from django_idempotency.http.requests import SAFE_METHODS
 from django_idempotency.http.responses import REPLAYED_HEADER
@@ -102,7 +103,7 @@ def _encode(data: Any, content_type: str) -> tuple[bytes | str, str]:
     if isinstance(data, (bytes, str)):
         return data, content_type
     media_type = content_type.partition(";")[0].strip().lower()
-    if media_type == "application/json" or media_type.endswith("+json"):
+    if is_json_media_type(media_type):
         return json.dumps(data, cls=DjangoJSONEncoder), content_type
     if media_type == "application/x-www-form-urlencoded":
         return urlencode(data, doseq=True), content_type

@@ -7,6 +7,7 @@ the URLconf of `tests.settings_base`, which has no DRF.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -233,3 +234,29 @@ def test_a_plain_django_view_answers_problems(client: Any) -> None:
     other = {"reference": "order-2", "amount": 20}
     assert_problem(post(client, "/plain/charges/", other, key="plain-1"), 422, "key-reused")
     assert Charge.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("module", "blocked", "extra"),
+    [
+        ("celery", "celery", "celery"),
+        ("prometheus", "prometheus_client", "prometheus"),
+        ("drf_spectacular", "drf_spectacular", "spectacular"),
+        ("rest_framework.errors", "rest_framework.exceptions", "drf"),
+    ],
+)
+def test_the_extra_is_named_where_the_dependency_is_installed_but_cannot_be_imported(
+    monkeypatch: pytest.MonkeyPatch, module: str, blocked: str, extra: str
+) -> None:
+    # The same message in this process, with the dependency made unimportable (None in
+    # sys.modules), as when a deployment forgot the extra.
+    monkeypatch.setitem(sys.modules, blocked, None)
+    contrib = f"django_idempotency.contrib.{module}"
+    for name in [name for name in sys.modules if name == contrib or name.startswith(contrib + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+
+    with pytest.raises(ModuleNotFoundError) as error:
+        importlib.import_module(contrib)
+
+    assert str(error.value).endswith(f': install it with pip install "django-idempotency[{extra}]"')
+    assert error.value.name == blocked

@@ -12,6 +12,7 @@ from ulid import ULID
 
 MAX_KEY_LENGTH = 255
 MAX_OWNER_LENGTH = 255  # The owner column's length.
+MAX_NAMESPACE_LENGTH = 100  # The namespace column's length.
 
 KeyFormat = Literal["uuid", "ulid", "uuid_or_ulid"]
 KEY_FORMATS: tuple[KeyFormat, ...] = ("uuid", "ulid", "uuid_or_ulid")

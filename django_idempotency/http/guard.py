@@ -16,7 +16,6 @@ from django.http import UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
-from django.utils import timezone
 
 from django_idempotency.attempts import FIRST_DELAY, Attempt, next_delay
 from django_idempotency.conf import conf
@@ -29,7 +28,7 @@ from django_idempotency.http import problems
 from django_idempotency.http.options import Options, Resolved, resolve
 from django_idempotency.http.requests import SAFE_METHODS, django_request
 from django_idempotency.http.responses import capture, replay, without_body
-from django_idempotency.stores import ClaimRequest, StoreUnavailable
+from django_idempotency.stores import StoreUnavailable
 from django_idempotency.stores.connections import on_a_live_connection
 
 logger = logging.getLogger("django_idempotency")
@@ -130,17 +129,14 @@ class Guard:
             request=django_request(self.request),
             poll=self.poll,
         )
-        claim_request = ClaimRequest(
-            scope=scope,
-            fingerprint=request_fingerprint,
-            method=django_request(self.request).method or "",
-            path=path,
-            now=timezone.now(),
-            ttl=settings.ttl,
-            lease=None if attempt.atomic else conf.LEASE,
-        )
         try:
-            claim = attempt.begin(claim_request)
+            claim = attempt.claim_key(
+                scope,
+                request_fingerprint,
+                method=django_request(self.request).method or "",
+                path=path,
+                ttl=settings.ttl,
+            )
         except StoreUnavailable as exc:
             _log_unreachable(exc)
             return _unavailable()

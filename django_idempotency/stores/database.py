@@ -67,7 +67,7 @@ class DatabaseStore(BaseStore):
 
     @property
     def alias(self) -> str:
-        return conf.DATABASE or router.db_for_write(IdempotencyRecord)
+        return records_alias()
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
@@ -401,6 +401,11 @@ class DatabaseStore(BaseStore):
             ops.adapt_datetimefield_value(request.now),
             ops.adapt_datetimefield_value(request.now + request.ttl),
         ]
+
+
+def records_alias() -> str:
+    """The database alias of the records: IDEMPOTENCY_DATABASE, or the router's choice."""
+    return conf.DATABASE or router.db_for_write(IdempotencyRecord)
 
 
 @contextlib.contextmanager

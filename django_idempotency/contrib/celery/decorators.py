@@ -10,7 +10,8 @@ from typing import Any
 from celery import current_task, shared_task  # type: ignore[import-untyped]
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency.conf import MAX_NAMESPACE_LENGTH, Mode, OnConflict, conf
+from django_idempotency.conf import Mode, OnConflict, conf
+from django_idempotency.core.keys import MAX_NAMESPACE_LENGTH
 from django_idempotency.exceptions import KeyInProgress
 from django_idempotency.functions import (
     ArgumentPicker,

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_idempotency.purge import PurgeReport, purge_expired_records
+from django_idempotency.purge import PurgeReport, is_batch_size, purge_expired_records
 from django_idempotency.stores import PurgeResult, StoreUnavailable
 
 
@@ -56,7 +56,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         batch_size = options["batch_size"]
         # call_command(batch_size=...) bypasses argparse, so its `type` check too.
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if not is_batch_size(batch_size):
             raise CommandError(
                 f"--batch-size must be a positive whole number (e.g. 1000), not {batch_size!r}."
             )
