@@ -289,7 +289,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         # match, but reads the whole table when few do (few in progress, few expired). With
         # those filters on, follow the index that holds the matching records instead.
         if request.GET.get("status__exact") == IdempotencyRecord.Status.IN_PROGRESS:
-            return ["lease_expires_at"]  # The partial index on in-progress leases; stuck first.
+            return ["lease_expires_at"]  # The partial index on in-progress leases; abandoned first.
         if ExpiredFilter.parameter_name in request.GET:
             return ["-expires_at"]
         return list(self.ordering)
@@ -463,9 +463,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         )
         return None
 
-    @admin.action(
-        permissions=["delete"], description=_("Release stuck in-progress idempotency records")
-    )
+    @admin.action(permissions=["delete"], description=_("Release abandoned idempotency claims"))
     @reports_a_lost_database(_release_stopped)
     def release_stuck(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
@@ -483,12 +481,14 @@ class IdempotencyRecordAdmin(RecordAdminBase):
             ) % {"count": count}
             return self._confirm(request, "release_stuck", question, sample, count)
         released = delete_and_forget(stuck)
-        logger.info("%s released %d stuck idempotency records in the admin", request.user, released)
+        logger.info(
+            "%s released %d abandoned idempotency claims in the admin", request.user, released
+        )
         self.message_user(
             request,
             ngettext(
-                "Released %(count)d stuck in-progress record.",
-                "Released %(count)d stuck in-progress records.",
+                "Released %(count)d abandoned claim.",
+                "Released %(count)d abandoned claims.",
                 released,
             )
             % {"count": released},

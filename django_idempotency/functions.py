@@ -62,6 +62,17 @@ class RunOptions:
         check_options(self.mode, self.on_conflict, self.ttl)
 
 
+def namespace_of(namespace: str | None, label: str, decorator: str) -> str:
+    """The namespace of a function's or task's keys: the one given, else its dotted name."""
+    chosen = namespace or label
+    if len(chosen) > MAX_NAMESPACE_LENGTH:
+        raise ImproperlyConfigured(
+            f"The default namespace {chosen!r} is longer than {MAX_NAMESPACE_LENGTH} "
+            f"characters: pass namespace= to {decorator}."
+        )
+    return chosen
+
+
 def run_once(
     call: Call, work: Callable[[], Any], options: RunOptions, serializer: ResultSerializer
 ) -> Any:
@@ -119,12 +130,7 @@ def idempotent_function(
 
     def decorate(func: Func) -> Func:
         label = f"{func.__module__}.{func.__qualname__}"
-        keyspace = namespace or label
-        if len(keyspace) > MAX_NAMESPACE_LENGTH:
-            raise ImproperlyConfigured(
-                f"The default namespace {keyspace!r} is longer than {MAX_NAMESPACE_LENGTH} "
-                "characters: pass namespace= to @idempotent_function."
-            )
+        keys_namespace = namespace_of(namespace, label, "@idempotent_function")
         arguments = CallArguments(func, key=key, owner=owner, payload=payload)
         result_format = lazy_serializer(func, serializer)
 
@@ -132,7 +138,7 @@ def idempotent_function(
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not conf.ENABLED:
                 return func(*args, **kwargs)
-            call = arguments.call(keyspace, label, "CALL", args, kwargs)
+            call = arguments.call(keys_namespace, label, "CALL", args, kwargs)
             return run_once(call, lambda: func(*args, **kwargs), options, result_format())
 
         return cast(Func, wrapper)

@@ -621,7 +621,7 @@ def test_the_actions_replace_delete_selected(admin_client: Client) -> None:
     assert choices == {
         "purge_selected": "Purge selected idempotency records",
         "purge_expired": "Purge all expired idempotency records",
-        "release_stuck": "Release stuck in-progress idempotency records",
+        "release_stuck": "Release abandoned idempotency claims",
     }
 
 
@@ -900,7 +900,7 @@ def test_release_stuck_releases_only_run_out_leases(
     with django_capture_on_commit_callbacks(execute=True):
         response = confirm(admin_client, "release_stuck")
 
-    assert messages_of(response) == ["Released 1 stuck in-progress record."]
+    assert messages_of(response) == ["Released 1 abandoned claim."]
     assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {"running", "old"}
     assert forgotten == [Scope("payments", "user:3", "dead")]
 
@@ -911,7 +911,7 @@ def test_release_stuck_in_the_plural(admin_client: Client) -> None:
 
     response = confirm(admin_client, "release_stuck")
 
-    assert messages_of(response) == ["Released 2 stuck in-progress records."]
+    assert messages_of(response) == ["Released 2 abandoned claims."]
 
 
 def test_a_lease_renewed_after_the_confirmation_is_not_released(admin_client: Client) -> None:
@@ -925,7 +925,7 @@ def test_a_lease_renewed_after_the_confirmation_is_not_released(admin_client: Cl
 
     response = confirm(admin_client, "release_stuck")
 
-    assert messages_of(response) == ["Released 0 stuck in-progress records."]
+    assert messages_of(response) == ["Released 0 abandoned claims."]
     assert IdempotencyRecord.objects.filter(pk=record.pk).exists()
 
 

@@ -8,16 +8,15 @@ from datetime import timedelta
 from typing import Any
 
 from celery import current_task, shared_task  # type: ignore[import-untyped]
-from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency.conf import Mode, OnConflict, conf
-from django_idempotency.core.keys import MAX_NAMESPACE_LENGTH
 from django_idempotency.exceptions import KeyInProgress
 from django_idempotency.functions import (
     ArgumentPicker,
     CallArguments,
     RunOptions,
     lazy_serializer,
+    namespace_of,
     run_once,
 )
 from django_idempotency.results import ResultSerializer
@@ -50,12 +49,7 @@ def idempotent_task(
 
     def decorate(func: Callable[..., Any]) -> Any:
         name = task_options.get("name") or f"{func.__module__}.{func.__name__}"
-        keyspace = namespace or name
-        if len(keyspace) > MAX_NAMESPACE_LENGTH:
-            raise ImproperlyConfigured(
-                f"The default namespace {keyspace!r} is longer than {MAX_NAMESPACE_LENGTH} "
-                "characters: pass namespace= to @idempotent_task."
-            )
+        keys_namespace = namespace_of(namespace, name, "@idempotent_task")
         arguments = CallArguments(func, key=key, owner=owner, payload=payload, skip_first=bind)
         result_format = lazy_serializer(func, serializer)
 
@@ -67,7 +61,9 @@ def idempotent_task(
                 # Called as a plain function: no message, so nothing can be delivered twice.
                 return func(*args, **kwargs)
             call_args = args[1:] if bind else args
-            call = arguments.call(keyspace, name, "TASK", call_args, kwargs, default_key=task_id)
+            call = arguments.call(
+                keys_namespace, name, "TASK", call_args, kwargs, default_key=task_id
+            )
             try:
                 return run_once(call, lambda: func(*args, **kwargs), options, result_format())
             except KeyInProgress as exc:
