@@ -21,6 +21,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from django_idempotency import admin as record_admin
+from django_idempotency.admin import actions as admin_actions
 from django_idempotency.core.outcomes import Scope
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import PurgeResult, StoreUnavailable, get_store
@@ -667,7 +668,7 @@ def test_purge_selected_deletes_and_forgets_after_the_commit(
 def test_outside_a_test_transaction_each_batch_is_forgotten_once_committed(
     forgotten: list[Scope], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(record_admin, "DELETE_BATCH_SIZE", 2)
+    monkeypatch.setattr(admin_actions, "DELETE_BATCH_SIZE", 2)
     chosen = [IdempotencyRecordFactory(key=f"k{n}") for n in range(3)]
     client = Client()
     client.force_login(UserFactory(username="ops", is_staff=True, is_superuser=True))
@@ -693,7 +694,7 @@ def test_purge_selected_counts_one_in_the_singular(admin_client: Client) -> None
 def test_purge_selected_across_pages_keeps_the_filters(
     admin_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(record_admin, "DELETE_BATCH_SIZE", 2)
+    monkeypatch.setattr(admin_actions, "DELETE_BATCH_SIZE", 2)
     old = [expired(key=f"old-{n}") for n in range(13)]
     IdempotencyRecordFactory(key="live")
     url = f"{CHANGELIST}?expired=yes"
@@ -809,14 +810,14 @@ class LostDatabase:
         self.original: dict[str, Any] = {}
 
     def when_calling(self, name: str) -> None:
-        real = getattr(record_admin, name)
+        real = getattr(admin_actions, name)
 
         def losing(*args: Any, **kwargs: Any) -> Any:
             if not self.original:
                 self.original = lose_database(connection)
             return real(*args, **kwargs)
 
-        self.monkeypatch.setattr(record_admin, name, losing)
+        self.monkeypatch.setattr(admin_actions, name, losing)
 
     def restore(self) -> None:
         if self.original:
@@ -847,8 +848,8 @@ LOST = "the database holding idempotency records cannot be reached"
     ("action", "lost_in", "asking"),
     [
         ("purge_selected", "delete_and_forget", False),
-        ("purge_expired", "get_store", True),
-        ("purge_expired", "get_store", False),
+        ("purge_expired", "purge_expired_records", True),
+        ("purge_expired", "purge_expired_records", False),
         ("release_stuck", "_stuck", True),
         ("release_stuck", "_stuck", False),
     ],

@@ -1,0 +1,37 @@
+"""Django admin for idempotency records: browse, inspect and purge; read-only otherwise.
+
+The list (`changelist`), the detail page's body display (`bodies`) and the actions (`actions`)
+each have their room; `records` puts them together in the registered ModelAdmin.
+"""
+
+from django.contrib import admin
+
+from django_idempotency.admin.actions import RecordActions, delete_and_forget
+from django_idempotency.admin.bodies import (
+    BODY_PREVIEW_CHARS,
+    PRETTY_PRINT_MAX_BYTES,
+    render_body,
+)
+from django_idempotency.admin.changelist import (
+    EstimatedCountPaginator,
+    NamespaceFilter,
+    calendar_hierarchy,
+    distinct_namespaces,
+    records_elsewhere,
+)
+from django_idempotency.admin.records import IdempotencyRecordAdmin
+
+__all__ = [
+    "BODY_PREVIEW_CHARS",
+    "PRETTY_PRINT_MAX_BYTES",
+    "EstimatedCountPaginator",
+    "IdempotencyRecordAdmin",
+    "NamespaceFilter",
+    "RecordActions",
+    "admin",
+    "calendar_hierarchy",
+    "delete_and_forget",
+    "distinct_namespaces",
+    "records_elsewhere",
+    "render_body",
+]

@@ -1,0 +1,276 @@
+"""The admin actions: confirm, then purge or release, and say what happened."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
+
+from django_idempotency.core.outcomes import Scope
+from django_idempotency.models import IdempotencyRecord, abandoned
+from django_idempotency.purge import purge_expired_records
+from django_idempotency.stores import StoreUnavailable, get_store
+
+if TYPE_CHECKING:
+    RecordAdminBase = admin.ModelAdmin[IdempotencyRecord]
+else:
+    RecordAdminBase = admin.ModelAdmin
+
+logger = logging.getLogger("django_idempotency")
+
+
+DELETE_BATCH_SIZE = 1000
+CONFIRMATION_SAMPLE = 10
+_UNREACHABLE = (StoreUnavailable, OperationalError, InterfaceError)
+
+# What a confirmation page asks: the question, a sample of the keys concerned, how many.
+Question = tuple[str, list[str], int]
+_Action = Callable[["RecordActions", HttpRequest, QuerySet[IdempotencyRecord]], HttpResponse | None]
+
+
+def reports_a_lost_database(stopped: Callable[[], str]) -> Callable[[_Action], _Action]:
+    """Turn a database lost during an action into an error message and a redirect back.
+
+    An outage is not a bug: the user gets what happened and what to do, not a 500. `stopped`
+    gives the message, with ``%(error)s`` for the database's own words.
+    """
+
+    def decorate(action: _Action) -> _Action:
+        @functools.wraps(action)
+        def run(
+            self: RecordActions,
+            request: HttpRequest,
+            queryset: QuerySet[IdempotencyRecord],
+        ) -> HttpResponse | None:
+            try:
+                return action(self, request, queryset)
+            except _UNREACHABLE as exc:
+                logger.warning("Admin action %s stopped: %s", action.__name__, exc)
+                cause: BaseException = exc
+                while isinstance(cause, StoreUnavailable) and cause.__cause__ is not None:
+                    cause = cause.__cause__  # The database's own words, not our wrapping.
+                error = " ".join(str(cause).split()).rstrip(".") or type(cause).__name__
+                self.message_user(request, stopped() % {"error": error}, messages.ERROR)
+                return None  # Django's admin then redirects back to the list, filters kept.
+
+        return run
+
+    return decorate
+
+
+def _purge_stopped() -> str:
+    return gettext(
+        "The purge stopped: the database holding idempotency records cannot be reached "
+        "(%(error)s). Try again when it is back; records already purged stay purged."
+    )
+
+
+def _release_stopped() -> str:
+    return gettext(
+        "The release stopped: the database holding idempotency records cannot be reached "
+        "(%(error)s). Try again when it is back; records already released stay released."
+    )
+
+
+class RecordActions(RecordAdminBase):
+    """The admin's actions: purge a selection, purge what expired, release abandoned claims."""
+
+    @admin.action(permissions=["delete"], description=_("Purge selected idempotency records"))
+    @reports_a_lost_database(_purge_stopped)
+    def purge_selected(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    ) -> HttpResponse | None:
+        def ask() -> Question:
+            count = queryset.count()
+            sample = list(queryset.values_list("key", flat=True)[:CONFIRMATION_SAMPLE])
+            question = ngettext(
+                "Purge %(count)d idempotency record? Its key starts a new request the next "
+                "time it is sent.",
+                "Purge %(count)d idempotency records? Their keys start new requests the next "
+                "time they are sent.",
+                count,
+            ) % {"count": count}
+            return question, sample, count
+
+        def act() -> str:
+            deleted = delete_and_forget(queryset)
+            logger.info(
+                "%s purged %d selected idempotency records in the admin", request.user, deleted
+            )
+            return ngettext(
+                "Purged %(count)d idempotency record.",
+                "Purged %(count)d idempotency records.",
+                deleted,
+            ) % {"count": deleted}
+
+        return self._confirm_then(request, "purge_selected", ask, act)
+
+    @admin.action(permissions=["delete"], description=_("Purge all expired idempotency records"))
+    @reports_a_lost_database(_purge_stopped)
+    def purge_expired(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    ) -> HttpResponse | None:
+        # The one purge, as the command and the task run it: its log line and metrics included.
+        def ask() -> Question:
+            preview = purge_expired_records(dry_run=True)
+            # Whole sentences, one count each, so that every language can word them.
+            question = " ".join(
+                [
+                    ngettext(
+                        "%(count)d expired record will be purged.",
+                        "%(count)d expired records will be purged.",
+                        preview.expired,
+                    )
+                    % {"count": preview.expired},
+                    ngettext(
+                        "%(count)d abandoned in-progress record (its lease ran out) will be "
+                        "purged.",
+                        "%(count)d abandoned in-progress records (their leases ran out) will be "
+                        "purged.",
+                        preview.abandoned,
+                    )
+                    % {"count": preview.abandoned},
+                ]
+            )
+            return question, [], preview.total
+
+        def act() -> str:
+            report = purge_expired_records()
+            logger.info("%s ran the purge in the admin", request.user)
+            return " ".join(
+                [
+                    ngettext(
+                        "Purged %(count)d expired record.",
+                        "Purged %(count)d expired records.",
+                        report.expired,
+                    )
+                    % {"count": report.expired},
+                    ngettext(
+                        "Purged %(count)d abandoned in-progress record.",
+                        "Purged %(count)d abandoned in-progress records.",
+                        report.abandoned,
+                    )
+                    % {"count": report.abandoned},
+                ]
+            )
+
+        return self._confirm_then(request, "purge_expired", ask, act)
+
+    @admin.action(permissions=["delete"], description=_("Release abandoned idempotency claims"))
+    @reports_a_lost_database(_release_stopped)
+    def release_stuck(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    ) -> HttpResponse | None:
+        claims = _stuck(timezone.now())
+
+        def ask() -> Question:
+            count = claims.count()
+            sample = list(
+                claims.order_by("-id").values_list("key", flat=True)[:CONFIRMATION_SAMPLE]
+            )
+            question = ngettext(
+                "Release %(count)d in-progress record whose lease ran out? Its key starts a "
+                "new request the next time it is sent.",
+                "Release %(count)d in-progress records whose leases ran out? Their keys start "
+                "new requests the next time they are sent.",
+                count,
+            ) % {"count": count}
+            return question, sample, count
+
+        def act() -> str:
+            released = delete_and_forget(claims)
+            logger.info(
+                "%s released %d abandoned idempotency claims in the admin", request.user, released
+            )
+            return ngettext(
+                "Released %(count)d abandoned claim.",
+                "Released %(count)d abandoned claims.",
+                released,
+            ) % {"count": released}
+
+        return self._confirm_then(request, "release_stuck", ask, act)
+
+    def _confirm_then(
+        self,
+        request: HttpRequest,
+        action: str,
+        ask: Callable[[], Question],
+        act: Callable[[], str],
+    ) -> HttpResponse | None:
+        """The first post shows the confirmation page (`ask`: the question, a sample of keys and
+        how many); the confirmed one runs `act` and shows the message it returns."""
+        if not request.POST.get("post"):
+            question, sample, count = ask()
+            return self._confirm(request, action, question, sample, count)
+        self.message_user(request, act(), messages.SUCCESS)
+        return None
+
+    def _confirm(
+        self, request: HttpRequest, action: str, question: str, sample: list[str], count: int
+    ) -> TemplateResponse:
+        """The intermediate page: what is about to go, and confirm or cancel."""
+        opts = self.model._meta
+        description = getattr(getattr(self, action), "short_description", action)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Are you sure?"),
+            "subtitle": description,
+            "opts": opts,
+            "action": action,
+            "action_description": description,
+            "question": question,
+            "count": count,
+            "sample": sample,
+            "more": max(0, count - len(sample)) if sample else 0,
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across") == "1",
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "cancel_url": request.get_full_path(),
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "django_idempotency/admin/confirm_action.html", context)
+
+
+def delete_and_forget(records: QuerySet[Any], batch_size: int | None = None) -> int:
+    """Delete `records` in short batches and drop their cached copies; return how many went.
+
+    Each batch re-applies the queryset's conditions in its DELETE, so a record that a new
+    request took over in the meantime (its lease renewed, its expiry moved) is left alone.
+    """
+    batch_size = batch_size or DELETE_BATCH_SIZE
+    deleted = 0
+    records = records.order_by()
+    while True:
+        with transaction.atomic(using=records.db):
+            batch = list(records.values_list("pk", "namespace", "owner", "key")[:batch_size])
+            if not batch:
+                return deleted
+            count, _ = records.filter(pk__in=[row[0] for row in batch]).delete()
+            _forget_on_commit([Scope(*row[1:]) for row in batch], records.db)
+        deleted += count
+        if len(batch) < batch_size:
+            return deleted
+
+
+def _forget_on_commit(scopes: list[Scope], using: str | None) -> None:
+    # Not before the commit: a replay in between would find the record and cache it again.
+    transaction.on_commit(partial(get_store().forget, scopes), using=using)
+
+
+def _stuck(now: datetime) -> QuerySet[IdempotencyRecord]:
+    """Abandoned records: in progress, their lease run out, the request holding them gone."""
+    return IdempotencyRecord.objects.filter(abandoned(now))
