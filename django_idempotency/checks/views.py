@@ -1,0 +1,114 @@
+"""`check_views`: routed view classes whose idempotency would fail silently or on first use."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.core.checks import CheckMessage, Error
+from django.urls import URLResolver, get_resolver
+
+from django_idempotency.checks.ids import (
+    INVALID_VIEW_ATTRIBUTE,
+    MIXIN_AFTER_API_VIEW,
+)
+from django_idempotency.checks.stores import _atomic_on_lease_only_store, _lease_only_store
+from django_idempotency.contrib.rest_framework.mixins import IdempotencyMixin
+from django_idempotency.http.options import attribute_errors
+
+if TYPE_CHECKING:
+    from django.apps import AppConfig
+
+
+def check_views(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Routed view classes whose idempotency would fail silently, or on their first request."""
+    messages: list[CheckMessage] = list(_atomic_views_on_lease_only_store())
+    for route, view_class in _routed_view_classes():
+        label = f"{view_class.__module__}.{view_class.__qualname__}"
+        if _mixin_shadowed(view_class):
+            bases = ", ".join(
+                base.__name__ for base in view_class.__bases__ if base is not IdempotencyMixin
+            )
+            messages.append(
+                Error(
+                    f"{label} (routed at {route!r}) lists IdempotencyMixin after DRF's APIView"
+                    " in its MRO: APIView's methods run instead of the mixin's, so no request"
+                    " to it is guarded.",
+                    hint=f"Put the mixin first: class {view_class.__name__}(IdempotencyMixin,"
+                    f" {bases}).",
+                    id=MIXIN_AFTER_API_VIEW,
+                )
+            )
+        messages.extend(
+            Error(
+                f"{label}.{attribute} = {value!r} (routed at {route!r}): {why}",
+                hint="Give it a value the matching option of @idempotent accepts (see"
+                " docs/drf.md), or remove it to use the IDEMPOTENCY_* setting.",
+                id=INVALID_VIEW_ATTRIBUTE,
+            )
+            for attribute, value, why in attribute_errors(view_class)
+        )
+    return messages
+
+
+def _routed_view_classes() -> Iterator[tuple[str, type]]:
+    """Each view class the URLconf routes to (DRF's `cls`, Django's `view_class`), once."""
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:  # Django's own URL checks report a URLconf that does not load.
+        return
+    seen: set[type] = set()
+    for route, callback in _routes(patterns, ""):
+        view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+        if isinstance(view_class, type) and view_class not in seen:
+            seen.add(view_class)
+            yield route, view_class
+
+
+def _routes(patterns: Iterable[Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    for pattern in patterns:
+        route = prefix + str(pattern.pattern)
+        if isinstance(pattern, URLResolver):
+            try:
+                yield from _routes(pattern.url_patterns, route)
+            except Exception:  # An include that fails to load: Django reports it.
+                continue
+        else:
+            yield route, pattern.callback
+
+
+def _mixin_shadowed(view_class: type) -> bool:
+    # DRF is never imported here: a routed DRF view has imported it already.
+    api_view = getattr(sys.modules.get("rest_framework.views"), "APIView", None)
+    mro = view_class.__mro__
+    return (
+        api_view in mro
+        and IdempotencyMixin in mro
+        and mro.index(IdempotencyMixin) > mro.index(api_view)
+    )
+
+
+def _atomic_views_on_lease_only_store() -> Iterator[CheckMessage]:
+    """Routed views whose attribute or @idempotent(mode=...) asks for atomic mode."""
+    store = _lease_only_store()
+    if store is None:
+        return
+    try:
+        routes = list(_routes(get_resolver().url_patterns, ""))
+    except Exception:  # Django's own URL checks report a URLconf that does not load.
+        return
+    seen: set[int] = set()
+    for route, callback in routes:
+        view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+        holders = [callback] if view_class is None else [view_class, *vars(view_class).values()]
+        for holder in holders:
+            options = getattr(holder, "idempotency_options", None)
+            mode = getattr(options, "mode", None) or getattr(holder, "idempotency_mode", None)
+            if mode == "atomic" and id(holder) not in seen:
+                seen.add(id(holder))
+                name = getattr(holder, "__qualname__", repr(holder))
+                label = f"{getattr(holder, '__module__', '')}.{name} (routed at {route!r})"
+                yield _atomic_on_lease_only_store(label, store)
