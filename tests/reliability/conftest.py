@@ -1,4 +1,5 @@
-"""Servers for the reliability suite, scenario order, and the figures printed at the end."""
+"""Servers for the reliability suite, the store it runs on, scenario order, and the figures printed
+at the end."""
 
 from __future__ import annotations
 
@@ -14,13 +15,18 @@ import pytest
 
 from tests.reliability.harness import (
     DATABASES,
+    STORES,
     Database,
     Figures,
+    Records,
+    RedisRecords,
     Serve,
     Server,
     ServiceError,
     Services,
     chosen_database,
+    chosen_store,
+    store_settings,
 )
 
 # Scenarios run in the order of docs/reliability.md.
@@ -41,9 +47,41 @@ def _scenario(item: pytest.Item) -> str:
     return SCENARIOS.get(item.path.stem, item.path.stem)
 
 
+# Scenarios tied to one store (RELIABILITY_STORE) are deselected on the other, never skipped.
+STORE_MARKERS = {
+    "database_store": "database",
+    "redis_store": "redis",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "database_store: a reliability scenario of the database store alone; deselected when "
+        "RELIABILITY_STORE=redis",
+    )
+    config.addinivalue_line(
+        "markers",
+        "redis_store: a reliability scenario of the Redis store alone; deselected unless "
+        "RELIABILITY_STORE=redis",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     order = list(SCENARIOS.values())
     items.sort(key=lambda item: order.index(s) if (s := _scenario(item)) in order else len(order))
+    try:
+        store = chosen_store()
+    except ServiceError:
+        return  # The services fixture fails the run with the message.
+    selected: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for item in items:
+        stores = {STORE_MARKERS[m.name] for m in item.iter_markers() if m.name in STORE_MARKERS}
+        (deselected if stores and store not in stores else selected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -62,8 +100,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not rows and not durations:
         return
     write = terminalreporter.write_line
-    terminalreporter.section(f"reliability figures on {_FIGURES.database or '?'}")
+    store = f"{_FIGURES.store or '?'} store"
+    if _FIGURES.store_server:
+        store += f" ({_FIGURES.store_server})"
+    terminalreporter.section(f"reliability figures on {_FIGURES.database or '?'}, {store}")
     header = (
+        "store",
         "database",
         "scenario",
         "variant",
@@ -76,6 +118,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     )
     table = [header] + [
         (
+            _FIGURES.store or "?",
             _FIGURES.database.split()[0] if _FIGURES.database else "?",
             f.scenario,
             f.variant,
@@ -99,23 +142,29 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     write(f"  total: {sum(durations.values()):.1f} s")
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
     try:
-        return f"reliability database: {DATABASES[chosen_database()]} (RELIABILITY_DATABASE)"
+        lines.append(f"reliability database: {DATABASES[chosen_database()]} (RELIABILITY_DATABASE)")
     except ServiceError as exc:
-        return str(exc)
+        lines.append(str(exc))
+    try:
+        lines.append(f"reliability store: {STORES[chosen_store()]} (RELIABILITY_STORE)")
+    except ServiceError as exc:
+        lines.append(str(exc))
+    return lines
 
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[Services]:
-    """The database (RELIABILITY_DATABASE: postgresql or mariadb) and Redis of this run alone;
-    a missing binary fails the run."""
+    """The database (RELIABILITY_DATABASE: postgresql or mariadb) and Redis of this run alone,
+    for the store RELIABILITY_STORE names (database or redis); a missing binary fails the run."""
     try:
-        database = chosen_database()
+        database, store = chosen_database(), chosen_store()
     except ServiceError as exc:
         pytest.fail(str(exc), pytrace=False)
     directory = Path(tempfile.mkdtemp(prefix="idempotency-reliability-"))
-    services = Services(directory, database)
+    services = Services(directory, database, store)
     try:
         services.start()
     except ServiceError as exc:
@@ -123,6 +172,9 @@ def services() -> Iterator[Services]:
         shutil.rmtree(directory, ignore_errors=True)
         pytest.fail(str(exc), pytrace=False)
     _FIGURES.database = Database(services.database_url).version()
+    _FIGURES.store = STORES[store]
+    if store == "redis":
+        _FIGURES.store_server = services.redis_persistence()
     yield services
     services.stop()
     shutil.rmtree(directory, ignore_errors=True)
@@ -134,13 +186,20 @@ def db(services: Services) -> Database:
 
 
 @pytest.fixture(scope="session")
+def store(services: Services, db: Database) -> Records:
+    """Where the run's store keeps its records: the database's table, or Redis."""
+    return RedisRecords(services.redis_url) if services.store == "redis" else db
+
+
+@pytest.fixture(scope="session")
 def serve(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Serve:
-    """Start the demo under gunicorn with these IDEMPOTENCY_* (and other) settings."""
+    """Start the demo under gunicorn with these IDEMPOTENCY_* (and other) settings, on the run's
+    store (on the Redis store: IDEMPOTENCY_STORE, and IDEMPOTENCY_MODE=lease)."""
     log_dir = tmp_path_factory.mktemp("gunicorn")
 
     @contextmanager
     def start(name: str, **settings: str) -> Iterator[Server]:
-        server = Server(name, services, log_dir, **settings)
+        server = Server(name, services, log_dir, **{**store_settings(services.store), **settings})
         try:
             server.start()
         except ServiceError as exc:
@@ -155,7 +214,8 @@ def serve(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Serve
 
 @pytest.fixture(scope="session")
 def server(serve: Serve) -> Iterator[Server]:
-    """The demo as deployed: atomic mode, on_conflict reject, no cache tier."""
+    """The demo as deployed: atomic mode (lease on the Redis store), on_conflict reject, no cache
+    tier."""
     with serve("main") as running:
         yield running
 

@@ -1,14 +1,17 @@
-"""The reliability run's own database (PostgreSQL or MariaDB) and Redis, the demo under gunicorn,
-and its figures."""
+"""The reliability run's own database (PostgreSQL or MariaDB) and Redis, the demo under gunicorn
+on the store of the run (the database or Redis), and its figures."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +23,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import psycopg
+import redis
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES_SH = ROOT / "scripts" / "services.sh"
@@ -39,6 +43,13 @@ USERS = {
 DATABASES = {"postgresql": "PostgreSQL", "mariadb": "MariaDB"}
 
 
+# The store the demo keeps its records in: RELIABILITY_STORE=database (the default) or redis.
+STORES = {"database": "database", "redis": "Redis"}
+REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
+# The demo's django-redis alias "idempotency" (testproject/settings.py): REDIS_URL, database 3.
+REDIS_STORE_DB = 3
+
+
 class ServiceError(RuntimeError):
     """A server the suite needs could not be started: the run fails, it is never skipped."""
 
@@ -52,6 +63,28 @@ def chosen_database() -> str:
             f"{' or '.join(DATABASES)}."
         )
     return name
+
+
+def chosen_store() -> str:
+    """RELIABILITY_STORE, checked like RELIABILITY_DATABASE."""
+    name = os.environ.get("RELIABILITY_STORE", "").strip().lower() or "database"
+    if name not in STORES:
+        raise ServiceError(
+            f"RELIABILITY_STORE={name!r}: the reliability suite runs on the "
+            f"{' or the '.join(STORES)} store."
+        )
+    return name
+
+
+def store_settings(store: str) -> dict[str, str]:
+    """What every gunicorn of the run is served with on this store.
+
+    The Redis store is lease mode only: IDEMPOTENCY_MODE=lease puts the views that take their
+    mode from the setting (the "atomic" endpoints) in lease mode too.
+    """
+    if store == "redis":
+        return {"IDEMPOTENCY_MODE": "lease", "IDEMPOTENCY_STORE": REDIS_STORE}
+    return {}
 
 
 def wait_until(condition_met: Callable[[], bool], seconds: float, what: str) -> None:
@@ -80,10 +113,12 @@ class Services:
 
     directory: Path
     database: str = field(default_factory=chosen_database)
+    store: str = field(default_factory=chosen_store)
     pg_port: int = field(default_factory=free_port)
     mariadb_port: int = field(default_factory=free_port)
     redis_port: int = field(default_factory=free_port)
     _reaper: subprocess.Popen[bytes] | None = None
+    _redis_aof_dir: Path | None = None
 
     @property
     def mariadb(self) -> bool:
@@ -172,11 +207,90 @@ class Services:
             return False
         return True
 
+    @property
+    def redis_persistent(self) -> bool:
+        """On the Redis store, Redis keeps the records: it must keep them across a restart."""
+        return self.store == "redis"
+
+    @property
+    def _redis_dir(self) -> Path:
+        """Where Redis keeps its files. The Redis store's append-only file is on tmpfs when there
+        is one (/dev/shm): it survives Redis being killed and started again, which is what the
+        suite does, and its fsync then costs microseconds. On a disk shared with other work an
+        fsync may take longer than the demo's 0.2 s Redis socket timeout, and the store answers
+        503 while Redis is up (docs/reliability.md)."""
+        if not self.redis_persistent:
+            return self.directory / "redis"  # scripts/services.sh's REDIS_DIR
+        if self._redis_aof_dir is None:
+            shm = Path("/dev/shm")
+            parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.directory
+            self._redis_aof_dir = Path(
+                tempfile.mkdtemp(prefix="idempotency-reliability-redis-", dir=parent)
+            )
+        return self._redis_aof_dir
+
     def start_redis(self) -> None:
-        self._start("start_redis")
+        if not self.redis_persistent:
+            self._start("start_redis")  # No persistence: the cache tier keeps nothing of its own.
+            return
+        if self._redis_answers():  # Already running, as start_redis leaves it too.
+            return
+        # The Redis store's records must outlive a restart, or every claim and stored response is
+        # forgotten and each retry runs again (docs/stores.md, Durability): the append-only file,
+        # fsynced before each write is acknowledged, so that even a SIGKILL loses no claim a
+        # worker was told it holds. scripts/services.sh starts Redis without persistence, so
+        # this Redis is started here, on the same port and directory (its stop_redis stops it).
+        self._redis_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            "redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+            "--daemonize", "yes", "--dir", str(self._redis_dir),
+            "--pidfile", str(self._redis_dir / "redis.pid"),
+            "--logfile", str(self._redis_dir / "redis.log"),
+        ]  # fmt: skip
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except FileNotFoundError as exc:
+            raise ServiceError("redis-server not found: install Debian's redis-server") from exc
+        if result.returncode != 0:
+            raise ServiceError(f"redis-server failed: {result.stderr or result.stdout}")
+        try:
+            wait_until(self._redis_answers, 15, "Redis to load its append-only file")
+        except AssertionError as exc:
+            raise ServiceError(f"{exc} See {self._redis_dir / 'redis.log'}.") from exc
+
+    def _redis_answers(self) -> bool:
+        client = redis.Redis(host="127.0.0.1", port=self.redis_port, socket_timeout=1)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:  # Refused, or LOADING its append-only file.
+            return False
+        finally:
+            client.close()
 
     def stop_redis(self) -> None:
         self._services("REDIS_STARTED_HERE=1 stop_redis")
+
+    def kill_redis(self) -> None:
+        """SIGKILL this run's Redis, as a crash would, and wait until it is gone."""
+        pid = int((self._redis_dir / "redis.pid").read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), 10, "Redis to die")
+        with contextlib.suppress(OSError):  # Left behind by the SIGKILL.
+            (self._redis_dir / "redis.pid").unlink()
+
+    def redis_persistence(self) -> str:
+        """How this run's Redis keeps its data: its AOF settings, read from the server."""
+        client = redis.Redis(host="127.0.0.1", port=self.redis_port, socket_timeout=2)
+        try:
+            config = {**client.config_get("appendonly"), **client.config_get("appendfsync")}
+            version = client.info("server")["redis_version"]
+        finally:
+            client.close()
+        if config["appendonly"] != "yes":
+            return f"Redis {version} (no persistence)"
+        where = " on tmpfs" if str(self._redis_dir).startswith("/dev/shm/") else ""
+        return f"Redis {version} (AOF{where}, appendfsync {config['appendfsync']})"
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -200,6 +314,8 @@ class Services:
         if self._reaper is not None:
             self._reaper.terminate()
             self._reaper.wait(timeout=10)
+        if self._redis_aof_dir is not None:
+            shutil.rmtree(self._redis_aof_dir, ignore_errors=True)
 
     def _start_reaper(self) -> None:
         """Stops both servers once this process is gone or LIFETIME has passed, whichever first."""
@@ -208,6 +324,8 @@ class Services:
             f"while kill -0 {os.getpid()} 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 1; done; "
             f"REDIS_STARTED_HERE=1 stop_redis; {self._stop_database}"
         )
+        if self.redis_persistent:  # The append-only file, on tmpfs: memory until removed.
+            script += f"; rm -rf '{self._redis_dir}'"
         self._reaper = subprocess.Popen(
             ["bash", "-c", f"source '{SERVICES_SH}'; {script}"],
             cwd=ROOT,
@@ -397,6 +515,48 @@ class Database:
         return bool(uncommitted) and not self.value(sql, namespace, key)
 
 
+class RedisRecords:
+    """Reads the Redis store's records, as Database.records reads the database store's: one
+    hash per record in the demo's Redis database 3 (the key layout of docs/stores.md)."""
+
+    label = "Redis"
+
+    def __init__(self, redis_url: str) -> None:
+        self.url = f"{redis_url}/{REDIS_STORE_DB}"
+
+    @staticmethod
+    def key(namespace: str, owner: str, key: str) -> str:
+        digest = hashlib.sha256("\x00".join((namespace, owner, key)).encode()).hexdigest()
+        return f"django_idempotency:1:{{{digest}}}"
+
+    def records(self, namespace: str, prefix: str = "") -> dict[tuple[str, str], tuple[Any, ...]]:
+        """(owner, key) -> (status, response_status, response_body, lease_token) of a namespace."""
+        client = redis.Redis.from_url(self.url, socket_timeout=5)
+        found: dict[tuple[str, str], tuple[Any, ...]] = {}
+        try:
+            for name in client.scan_iter(match="django_idempotency:1:*", count=1000):
+                raw: dict[bytes, bytes] = client.hgetall(name)  # type: ignore[assignment]
+                fields = {field.decode(): value for field, value in raw.items()}
+                text = {field: value.decode(errors="replace") for field, value in fields.items()}
+                record_key, owner = text.get("key", ""), text.get("owner", "")
+                if text.get("namespace") != namespace or not record_key.startswith(prefix):
+                    continue
+                assert name == self.key(namespace, owner, record_key).encode(), name
+                code = text.get("response_status")
+                found[(owner, record_key)] = (
+                    text["status"],
+                    int(code) if code is not None else None,
+                    fields.get("response_body"),
+                    text["lease_token"],
+                )
+        finally:
+            client.close()
+        return found
+
+
+Records = Database | RedisRecords  # Where the run's store keeps the records: .records(...)
+
+
 Serve = Callable[..., AbstractContextManager["Server"]]
 
 
@@ -523,6 +683,8 @@ class Figure:
 class Figures:
     rows: list[Figure] = field(default_factory=list)
     database: str = ""  # The server every figure was measured on, with its version.
+    store: str = ""  # The store every figure was measured on: "database" or "Redis".
+    store_server: str = ""  # The Redis store's server, with its version and persistence.
 
     def add(self, figure: Figure) -> Figure:
         self.rows.append(figure)

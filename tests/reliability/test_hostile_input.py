@@ -20,6 +20,10 @@ from schemathesis import GenerationMode
 from tests.reliability.client import Answer, post, send
 from tests.reliability.harness import Database, Figure, Figures, Server
 
+# The database store's alone (deselected when RELIABILITY_STORE=redis): that no completed record
+# is overwritten is read from the database store's table.
+pytestmark = pytest.mark.database_store
+
 EXAMPLES = 200
 SCHEMA_EXAMPLES = 15  # Per operation of the schema, in each generation mode.
 # The key seeded on each guarded endpoint, and the body it was first sent with.

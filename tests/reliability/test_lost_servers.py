@@ -1,5 +1,9 @@
 """Scenario 3: Redis, then the database (PostgreSQL or MariaDB), stopped in the middle of a run of
-requests; the database restarted under persistent connections."""
+requests; the database restarted under persistent connections.
+
+On the database store (RELIABILITY_STORE=database): Redis is the cache tier's, and the database
+is the store. On the Redis store (RELIABILITY_STORE=redis): Redis is the store, killed and started
+again from its append-only file; the database's scenarios are the database store's alone."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -18,7 +22,15 @@ import pytest
 import redis
 
 from tests.reliability.client import Answer, post
-from tests.reliability.harness import Database, Figure, Figures, Serve, Server, Services
+from tests.reliability.harness import (
+    Database,
+    Figure,
+    Figures,
+    Records,
+    Serve,
+    Server,
+    Services,
+)
 from tests.reliability.test_isolation import session_login
 
 CLIENTS = 8
@@ -56,18 +68,20 @@ def _load(
     prefix: str,
     paths: list[str],
     seeded: dict[str, bytes],
-    seconds: float,
+    seconds: float | None,
     during: Callable[[], None],
 ) -> list[Sent]:
-    """CLIENTS threads send fresh keys and replays for `seconds`; `during` runs meanwhile."""
+    """CLIENTS threads send fresh keys and replays for `seconds` (None: until `during` returns);
+    `during` runs meanwhile."""
     counter = itertools.count()
     replays = itertools.cycle(sorted(seeded))
     lock = threading.Lock()
     sent: list[Sent] = []
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + seconds if seconds is not None else float("inf")
+    finished = threading.Event()
 
     def client() -> None:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (seconds is None and finished.is_set()):
             with lock:
                 number = next(counter)
                 replay = number % 2 == 0 and bool(seeded)
@@ -80,7 +94,10 @@ def _load(
 
     with ThreadPoolExecutor(CLIENTS + 1) as pool:
         clients = [pool.submit(client) for _ in range(CLIENTS)]
-        pool.submit(during).result()
+        try:
+            pool.submit(during).result()
+        finally:
+            finished.set()
         for future in clients:
             future.result()
     return sent
@@ -99,6 +116,7 @@ def persistent_server(serve: Serve) -> Iterator[Server]:
         yield running
 
 
+@pytest.mark.database_store
 def test_redis_stopped_mid_run_fails_no_request_and_replays_continue_from_the_database(
     cached_server: Server,
     services: Services,
@@ -150,6 +168,7 @@ def test_redis_stopped_mid_run_fails_no_request_and_replays_continue_from_the_da
     )
 
 
+@pytest.mark.database_store
 def test_the_database_stopped_mid_run_answers_503_and_no_key_runs_twice_after_it_returns(
     persistent_server: Server,
     services: Services,
@@ -174,35 +193,9 @@ def test_the_database_stopped_mid_run_answers_503_and_no_key_runs_twice_after_it
     finally:
         services.start_database()  # Already running unless the outage itself failed.
 
-    statuses = Counter(s.answer.status for s in sent)
-    assert set(statuses) <= {201, 503}, [
-        f"{s.path}: {s.answer}" for s in sent if s.answer.status not in (201, 503)
-    ][:3]
-    for s in sent:
-        if s.answer.status == 503:
-            assert s.answer.problem()["type"].endswith("store-unavailable"), s.answer
-            assert b"Traceback" not in s.answer.body
-    while_down = [s for s in sent if down[0] < s.sent_at and s.received_at < down[1]]
-    assert while_down and {s.answer.status for s in while_down} == {503}
+    statuses, while_down = _answered_through_the_outage(sent, down)
 
-    # After the outage, the client retries every key until it is answered.
-    first: dict[str, Sent] = {}
-    for s in sorted(sent, key=lambda s: s.sent_at):
-        first.setdefault(s.key, s)
-    retried: Counter[int] = Counter()
-    for key, s in first.items():
-        deadline = time.monotonic() + 30
-        while True:
-            answer = post(server.url, s.path, _body(key), key)
-            retried[answer.status] += 1
-            if answer.status not in (409, 503) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)  # 409: a lease-mode claim cut off by the outage, until its lease ends.
-        assert answer.status == 201, answer
-        if key in seeded:
-            assert (answer.replayed, answer.body) == (True, seeded[key])
-        elif s.answer.status == 201:  # The client saw it run: the retry gets that response.
-            assert (answer.replayed, answer.body) == (True, s.answer.body), (key, answer)
+    first, retried = _retry_every_key(server, sent, seeded, patience=30)
     executions = db.executions(prefix)
     assert {executions.get(key, 0) for key in first} == {1}, {
         key: n for key, n in executions.items() if n != 1
@@ -220,6 +213,85 @@ def test_the_database_stopped_mid_run_answers_503_and_no_key_runs_twice_after_it
             f"503); retries of {len(first)} keys after restart: {dict(retried)}",
         )
     )
+
+
+# The Redis store's Redis killed mid-run. Its lease outlasts the outage: a response that could not
+# be stored while Redis was down is stored once it is back (the completion is retried until the
+# lease ends), and a claim cut off by the outage ends with its lease.
+REDIS_STORE_LEASE = 10
+OUTAGE = 3  # Seconds Redis is down, from 2 s into the run, which goes on 3 s after it is back.
+
+
+@pytest.fixture(scope="module")
+def redis_store_server(serve: Serve) -> Iterator[Server]:
+    """The demo on the Redis store (lease mode; `serve` sets both from RELIABILITY_STORE)."""
+    with serve("redis-store", IDEMPOTENCY_LEASE=str(REDIS_STORE_LEASE)) as running:
+        yield running
+
+
+@pytest.mark.redis_store
+def test_the_redis_store_killed_mid_run_answers_503_and_no_key_runs_twice_after_it_returns(
+    redis_store_server: Server,
+    services: Services,
+    db: Database,
+    store: Records,
+    figures: Figures,
+    timer: Callable[[], float],
+) -> None:
+    server, prefix = redis_store_server, "redis-store-"
+    seeded = _seed(server, prefix, PATHS["atomic"])
+    # The records are in Redis, none in the database: the demo runs on the Redis store.
+    assert {r[0] for r in store.records("payments", prefix).values()} == {"completed"}
+    assert len(store.records("payments", prefix)) == SEEDED
+    assert not db.records("payments", prefix)
+    down: list[float] = []
+
+    def outage() -> None:
+        time.sleep(2)
+        services.kill_redis()  # SIGKILL: what was acknowledged is in the append-only file.
+        down.append(time.monotonic())
+        time.sleep(OUTAGE)
+        down.append(time.monotonic())
+        services.start_redis()  # From the append-only file.
+        down.append(time.monotonic())  # It answers again.
+        time.sleep(3)
+
+    try:
+        sent = _load(server, prefix, list(PATHS.values()), seeded, None, outage)
+    finally:
+        services.start_redis()  # Already running unless the outage itself failed.
+    # What was stored before the crash survived it.
+    survived = store.records("payments", f"{prefix}seed-")
+    assert {key for _, key in survived} == set(seeded), len(survived)
+
+    statuses, while_down = _answered_through_the_outage(sent, down)
+    for s in sent:
+        if s.answer.status != 503 and s.key in seeded:
+            assert (s.answer.replayed, s.answer.body) == (True, seeded[s.key]), s.answer
+    # Sent once Redis answered again: the 503s among them, and when the last was answered.
+    back = [s for s in sent if s.sent_at > down[2]]
+    late = [s.received_at - down[2] for s in back if s.answer.status == 503]
+
+    first, retried = _retry_every_key(server, sent, seeded, patience=REDIS_STORE_LEASE + 20)
+    executions = db.executions(prefix)
+    twice = {key: n for key, n in executions.items() if n != 1}
+    figures.add(
+        Figure(
+            "3. lost servers",
+            f"Redis (the store) killed after 2 s for {OUTAGE} s, restarted from its AOF, 3 s more "
+            "(/api/payments/ + /api/bench/lease/, both leased)",
+            requests=len(sent) + sum(retried.values()),
+            absorbed=sum(s.answer.replayed for s in sent),
+            executions="1" if not twice and len(executions) == len(first) else str(twice),
+            server_errors=statuses[503] + sum(n for status, n in retried.items() if status >= 500),
+            seconds=timer(),
+            notes=f"during the run: {dict(statuses)}, {len(while_down)} sent while down (all "
+            f"503); restart from the AOF {down[2] - down[1]:.1f} s; sent after it: {len(back)}, "
+            f"{len(late)} x 503 (the last answered {max(late, default=0):.1f} s after it); "
+            f"retries of {len(first)} keys after restart: {dict(retried)}",
+        )
+    )
+    assert {executions.get(key, 0) for key in first} == {1}, twice
 
 
 # The database restarted under CONN_MAX_AGE: every worker thread holds a persistent connection that
@@ -359,6 +431,7 @@ def _failure(answer: Answer) -> str:
     return f"{answer.status} {name}{where}"
 
 
+@pytest.mark.database_store
 @pytest.mark.parametrize("case", FIRST_QUERIES, ids=lambda case: case.id)
 def test_the_database_restarted_under_conn_max_age_fails_no_request_once_it_is_back(
     case: FirstQuery,
@@ -442,3 +515,46 @@ def test_the_database_restarted_under_conn_max_age_fails_no_request_once_it_is_b
         # guard never sees it (Django's CONN_HEALTH_CHECKS spares it). Django closes the
         # connection after the failed request, so at most each thread's first request fails.
         assert len(failed) <= WORKER_THREADS, dict(failures)
+
+
+def _answered_through_the_outage(
+    sent: list[Sent], down: Sequence[float]
+) -> tuple[Counter[int], list[Sent]]:
+    """Every answer a 201 or a clean 503 store-unavailable, and only 503s while the server was
+    down (`down`: when it stopped and when it was back): (statuses, those sent while down)."""
+    statuses = Counter(s.answer.status for s in sent)
+    assert set(statuses) <= {201, 503}, [
+        f"{s.path}: {s.answer}" for s in sent if s.answer.status not in (201, 503)
+    ][:3]
+    for s in sent:
+        if s.answer.status == 503:
+            assert s.answer.problem()["type"].endswith("store-unavailable"), s.answer
+            assert b"Traceback" not in s.answer.body
+    while_down = [s for s in sent if down[0] < s.sent_at and s.received_at < down[1]]
+    assert while_down and {s.answer.status for s in while_down} == {503}
+    return statuses, while_down
+
+
+def _retry_every_key(
+    server: Server, sent: list[Sent], seeded: dict[str, bytes], *, patience: float
+) -> tuple[dict[str, Sent], Counter[int]]:
+    """After the outage, retry every key until it is answered, as a client would; each must end
+    in its one stored response. Returns (first request per key, retries' statuses)."""
+    first: dict[str, Sent] = {}
+    for s in sorted(sent, key=lambda s: s.sent_at):
+        first.setdefault(s.key, s)
+    retried: Counter[int] = Counter()
+    for key, s in first.items():
+        deadline = time.monotonic() + patience
+        while True:
+            answer = post(server.url, s.path, _body(key), key)
+            retried[answer.status] += 1
+            if answer.status not in (409, 503) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # 409: a lease-mode claim cut off by the outage, until its lease ends.
+        assert answer.status == 201, answer
+        if key in seeded:
+            assert (answer.replayed, answer.body) == (True, seeded[key])
+        elif s.answer.status == 201:  # The client saw it run: the retry gets that response.
+            assert (answer.replayed, answer.body) == (True, s.answer.body), (key, answer)
+    return first, retried
