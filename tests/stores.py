@@ -50,7 +50,6 @@ def redis_settings(url: str = f"{REDIS_URL}/3") -> dict[str, Any]:
     """The Redis store on `url`; keys prefixed per process, so that parallel test processes
     never see (or delete) each other's records."""
     caches = redis_caches(url)
-    caches["idempotency"]["KEY_PREFIX"] = f"tests-{os.getpid()}"
     return {
         "CACHES": caches,
         "IDEMPOTENCY_STORE": STORES["redis"],

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 from typing import Any
 
+from django.core.cache import caches
 from django.test import Client
 from django.test.client import AsyncClient
 
@@ -82,12 +84,23 @@ def lose_database(connection: Any) -> dict[str, Any]:
 
 
 def redis_caches(location: str) -> dict[str, dict[str, object]]:
-    """CACHES with a django-redis alias "idempotency" at `location`, failing fast."""
+    """CACHES with a django-redis alias "idempotency" at `location`, failing fast.
+
+    Its keys are prefixed by this process: test processes running side by side (tox envs, xdist
+    workers) share the Redis server, and one must never see or delete another's keys. Empty it
+    with `clear_own_keys`, never `clear()`, which empties the whole Redis database.
+    """
     return {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "idempotency": {
             "BACKEND": "django_redis.cache.RedisCache",
             "LOCATION": location,
+            "KEY_PREFIX": f"tests-{os.getpid()}",
             "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
         },
     }
+
+
+def clear_own_keys(alias: str = "idempotency") -> None:
+    """Delete this process's keys in the Redis behind `alias` (fails loudly without Redis)."""
+    caches[alias].delete_pattern("*")  # type: ignore[attr-defined]  # django-redis
