@@ -179,6 +179,19 @@ def test_json_nested_too_deeply_is_unreadable() -> None:
         canonical_body("application/json", b"[" * 100_000 + b"]" * 100_000)
 
 
+def test_value_nested_too_deeply_to_write_is_unreadable_and_says_why() -> None:
+    # A body the parser just managed to read can still be too deep to write back; the message
+    # is the 400 problem's detail.
+    value: list[Any] = []
+    for _ in range(100_000):
+        value = [value]
+
+    with pytest.raises(UnreadableBody) as raised:
+        canonical_json(value)
+
+    assert str(raised.value) == "The JSON body is nested too deeply to compare."
+
+
 def test_canonical_json_keeps_non_ascii_text_as_utf8() -> None:
     assert canonical_json({"name": "café"}) == '{"name":"café"}'.encode()
 
@@ -238,6 +251,14 @@ def test_lone_surrogate_escapes_in_json_still_give_a_canonical_body() -> None:
 
     assert isinstance(first, bytes)
     assert first != second
+
+
+def test_lone_surrogate_escapes_in_keys_beside_a_float_still_give_a_canonical_body() -> None:
+    # A float takes the RFC 8785 path, which orders the keys by their UTF-16 code units.
+    first = canonical_body("application/json", b'{"\\ud800": 1.5, "a": 1}')
+    second = canonical_body("application/json", b'{"a": 1, "\\ud800": 1.5}')
+
+    assert first == second == '{"a":1,"\ud800":1.5}'.encode("utf-8", "surrogatepass")
 
 
 def test_ignored_fields_are_dropped_from_json_objects() -> None:
@@ -310,6 +331,18 @@ def test_order_of_multipart_fields_and_files_does_not_matter() -> None:
     )
 
     assert first == second
+
+
+def test_order_of_files_under_one_field_name_matters() -> None:
+    # A view reading request.FILES.getlist("attachments") sees them in this order.
+    first = canonical_multipart(
+        [], [("attachments", "a.pdf", "1" * 64), ("attachments", "b.pdf", "2" * 64)]
+    )
+    second = canonical_multipart(
+        [], [("attachments", "b.pdf", "2" * 64), ("attachments", "a.pdf", "1" * 64)]
+    )
+
+    assert first != second
 
 
 def test_changed_file_content_is_a_different_multipart_body() -> None:
@@ -492,6 +525,14 @@ def test_json_with_a_lone_surrogate_escape_is_fingerprinted_not_a_server_error(
     retry = send(client, '{"note": "\\ud800", "amount": 10}', "application/json")
 
     assert_replay(first, retry)
+
+
+@pytest.mark.django_db
+def test_json_nested_too_deeply_is_a_400_that_says_why(client: Client) -> None:
+    response = send(client, b"[" * 100_000 + b"]" * 100_000, "application/json")
+
+    problem = assert_problem(response, 400, "malformed-request")
+    assert problem["detail"] == "The JSON body is nested too deeply to compare."
 
 
 @pytest.mark.django_db

@@ -193,6 +193,37 @@ def test_key_in_another_format_is_rejected_naming_the_format(
         parse_key(raw, key_format)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            '"unterminated',
+            r"The key is not a valid quoted string: use printable ASCII and escape only \" and \\.",
+        ),
+        ('"  "', "The key is empty: send 1 to 255 visible ASCII characters."),
+        ("", "The key is empty: send 1 to 255 visible ASCII characters."),
+        (
+            "k1,k2",
+            "The request carries more than one key (repeated headers, or a comma in the key):"
+            " send exactly one; quote a key that contains a comma.",
+        ),
+        (
+            "key\x7f",
+            "The key holds control, space or non-ASCII characters: send 1 to 255 visible ASCII"
+            " characters, or quote it as a structured-field string.",
+        ),
+        ("k" * 256, "The key is 256 characters long; the limit is 255."),
+        ("key-1", "The key must be a UUID or a ULID."),
+    ],
+)
+def test_invalid_key_message_is_the_whole_text_the_client_reads(raw: str, message: str) -> None:
+    # The 400 problem's detail carries the message as it is.
+    with pytest.raises(InvalidKey) as raised:
+        parse_key(raw, "uuid_or_ulid")
+
+    assert str(raised.value) == message
+
+
 def test_invalid_key_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         parse_key("")
@@ -338,6 +369,20 @@ def test_blank_part_is_a_value_error_wherever_it_stands(blank: str, position: in
     parts[position] = blank
     with pytest.raises(ValueError, match=re.escape("mint_key() parts must not be blank.")):
         mint_key(*parts)
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        ((), "mint_key() needs at least one natural-key part."),
+        (("order-42", " "), "mint_key() parts must not be blank."),
+    ],
+)
+def test_mint_key_errors_say_what_is_wrong_in_full(parts: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        mint_key(*parts)
+
+    assert str(raised.value) == message
 
 
 @given(st.lists(st.text(min_size=1).filter(str.strip), min_size=1, max_size=5), st.text())
