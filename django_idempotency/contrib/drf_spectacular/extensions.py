@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from django_idempotency.conf import conf
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
-from django_idempotency.contrib.rest_framework.project import with_mixin
+from django_idempotency.contrib.rest_framework.project import guarding_all_views, with_mixin
 from django_idempotency.core.keys import MAX_KEY_LENGTH
 from django_idempotency.http import problems
 from django_idempotency.http.options import Options, Resolved, is_exempt, resolve
@@ -81,7 +81,7 @@ class IdempotentAutoSchema(AutoSchema):
 
 def _guarded_by_the_project(view: type[APIView], route: Any) -> bool:
     """IDEMPOTENCY_GUARD_ALL_VIEWS guards this view on this route, as its requests are."""
-    return conf.GUARD_ALL_VIEWS and conf.ENABLED and not is_exempt(view, route)
+    return guarding_all_views() and not is_exempt(view, route)
 
 
 class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]

@@ -30,7 +30,7 @@ def install() -> None:
         if (
             isinstance(self, IdempotencyMixin)  # Guarded by the mixin: never twice.
             or request.method in SAFE_METHODS
-            or not (conf.GUARD_ALL_VIEWS and conf.ENABLED)
+            or not guarding_all_views()
             or _opted_out(self, request)
         ):
             return original(self, request, *args, **kwargs)
@@ -42,6 +42,11 @@ def install() -> None:
 
     initial.guards_all_views = True  # type: ignore[attr-defined]
     APIView.initial = initial  # type: ignore[method-assign]
+
+
+def guarding_all_views() -> bool:
+    """IDEMPOTENCY_GUARD_ALL_VIEWS is on, and idempotency itself is."""
+    return conf.GUARD_ALL_VIEWS and conf.ENABLED
 
 
 def _opted_out(view: Any, request: Any) -> bool:
