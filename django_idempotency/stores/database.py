@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
@@ -50,7 +50,7 @@ from django_idempotency.stores.dialects import (
     PostgreSQL,
     dialect_for,
 )
-from django_idempotency.stores.statements import RECORD_COLUMNS, RecordRow
+from django_idempotency.stores.statements import RecordRow
 
 _UNREACHABLE = (OperationalError, InterfaceError)
 
@@ -163,28 +163,36 @@ class DatabaseStore(BaseStore):
     def _insert_or_find(
         self, connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
     ) -> tuple[RecordRow | None, bool]:
-        """One statement: insert the claim, or return the record already holding the key; and
-        whether the key was held by a claim for another request (only PostgreSQL can tell)."""
+        """Insert the claim, or find the record already holding the key; and whether the key
+        was held by a claim for another request (only PostgreSQL can tell).
+
+        The claim statement returns only the new id: the store knows what it inserted. The rare
+        claim that inserts nothing (a duplicate, an expired or abandoned record, a race) reads
+        the key again with a statement of its own, which sees every commit before it.
+        """
         dialect = dialect_for(connection)
         params = self._claim_params(connection, request, token)
         if isinstance(dialect, MariaDB):
             return self._insert_or_find_mariadb(connection, dialect, request, params), False
         scope = request.scope
+        locks = []
         if isinstance(dialect, PostgreSQL):
             locks = [_identity_lock_id(request), _lock_id(scope.namespace, scope.owner, scope.key)]
-            params = [*locks, *params, scope.namespace, scope.owner, scope.key]
         with statements.cursor(connection) as cursor:
-            cursor.execute(dialect.claim, params)
+            cursor.execute(dialect.claim, [*locks, *params])
+            inserted = cursor.fetchone()
+        if inserted is not None:
+            return _inserted_row(request, inserted[0]), False
+        if not isinstance(dialect, PostgreSQL):
+            return self._find(connection, scope), False
+        with statements.cursor(connection) as cursor:
+            cursor.execute(dialect.probe, [*locks, scope.namespace, scope.owner, scope.key])
             values = cursor.fetchone()
-        row = None if values is None or values[0] is None else statements.to_row(values)
-        flags: Sequence[Any] = () if values is None else values[len(RECORD_COLUMNS) :]
-        # The identity lock was free (not this same request) and the key's lock was not.
-        held_by_another_request = len(flags) == 3 and bool(flags[2]) and not flags[1]
-        if row is None:
-            # Committed between our snapshot and our insert (or, on SQLite, not inserted):
-            # a fresh statement sees it.
-            row = self._find(connection, request.scope)
-        return row, held_by_another_request
+        *columns, acquired, free = values
+        if columns[0] is None:
+            # The identity lock was free (not this same request) and the key's lock was not.
+            return None, bool(free) and not acquired
+        return replace(statements.to_row(columns), acquired=bool(acquired)), False
 
     def _insert_or_find_mariadb(
         self,
@@ -203,20 +211,7 @@ class DatabaseStore(BaseStore):
             if exc.args and exc.args[0] != MARIADB_DUPLICATE_KEY:
                 raise
             return self._find(connection, request.scope, locking=True)
-        return RecordRow(
-            pk=int(pk),
-            fingerprint=request.fingerprint,
-            method=request.method,
-            path=request.path,
-            status=Status.IN_PROGRESS.value,
-            response_status=None,
-            response_reason="",
-            response_headers=[],
-            response_body=None,
-            lease_expires_at=_lease_end(request),
-            expires_at=request.now + request.ttl,
-            claimed=True,
-        )
+        return _inserted_row(request, pk)
 
     def _take_over(self, row: RecordRow, request: ClaimRequest, token: str) -> RecordRow | None:
         """Claim an abandoned record; None if a concurrent request or the purge got there first."""
@@ -455,6 +450,24 @@ def _identity_lock_id(request: ClaimRequest) -> int:
     scope = request.scope
     return _lock_id(
         scope.namespace, scope.owner, scope.key, request.fingerprint, request.method, request.path
+    )
+
+
+def _inserted_row(request: ClaimRequest, pk: Any) -> RecordRow:
+    """The record a claim has just inserted, as the claim wrote it."""
+    return RecordRow(
+        pk=int(pk),
+        fingerprint=request.fingerprint,
+        method=request.method,
+        path=request.path,
+        status=Status.IN_PROGRESS.value,
+        response_status=None,
+        response_reason="",
+        response_headers=[],
+        response_body=None,
+        lease_expires_at=_lease_end(request),
+        expires_at=request.now + request.ttl,
+        claimed=True,
     )
 
 

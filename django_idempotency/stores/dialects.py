@@ -71,32 +71,40 @@ class Dialect:
 class PostgreSQL(Dialect):
     vendor = "postgresql"
 
+    # Two transaction-scoped advisory locks, the request's identity first, then the key. A
+    # duplicate of the same request fails the first: in progress (409). Another request with
+    # the key takes the first and fails the second: a mismatch (422), told apart even while the
+    # holder's claim is uncommitted and invisible (atomic mode). Parameters: the two lock ids.
+    _LOCKS = (
+        "WITH identity AS (SELECT pg_try_advisory_xact_lock(%s) AS free), "
+        "lock AS (SELECT CASE WHEN free THEN pg_try_advisory_xact_lock(%s) ELSE FALSE END "
+        "AS acquired, free FROM identity) "
+    )
+
     def claim_sql(self) -> str:
-        """One statement: the locks, the insert, and the record already there (or not) with
-        whether the key's locks were free. Parameters: the identity lock id, the key's lock id,
-        the inserted values, then the scope."""
-        q = self.quote
-        found = ", ".join(f"found.{q(c)}" for c in RECORD_COLUMNS)
+        """The locks, then the insert if both were free: the new record's id, or no row.
+        Parameters: the two lock ids, then the inserted values."""
         casts = {"response_headers": "::jsonb", "lease_expires_at": "::timestamptz"}
         casts |= {"created_at": "::timestamptz", "expires_at": "::timestamptz"}
         values = ", ".join(f"%s{casts.get(c, '')}" for c in INSERTED)
-        scope = " AND ".join(f"found.{q(c)} = %s" for c in _SCOPE)
-        # Two transaction-scoped advisory locks, the request's identity first, then the key. A
-        # duplicate of the same request fails the first: in progress (409). Another request
-        # with the key takes the first and fails the second: a mismatch (422), told apart even
-        # while the holder's claim is uncommitted and invisible (atomic mode).
         return (
-            f"WITH identity AS (SELECT pg_try_advisory_xact_lock(%s) AS free), "
-            f"lock AS (SELECT CASE WHEN free THEN pg_try_advisory_xact_lock(%s) ELSE FALSE END "
-            f"AS acquired, free FROM identity), "
-            f"claimed AS (INSERT INTO {self.table} ({self.inserted}) "
+            f"{self._LOCKS}INSERT INTO {self.table} ({self.inserted}) "
             f"SELECT {values} FROM lock WHERE lock.acquired {self.on_conflict_do_nothing()} "
-            f"RETURNING {self.columns}) "
-            f"SELECT {self.columns}, TRUE AS claimed, TRUE AS acquired, TRUE AS free "
-            f"FROM claimed "
-            f"UNION ALL SELECT {found}, FALSE, lock.acquired, lock.free "
-            f"FROM lock LEFT JOIN {self.table} AS found ON {scope} "
-            f"WHERE NOT EXISTS (SELECT 1 FROM claimed)"
+            f"RETURNING {self.quote('id')}"
+        )
+
+    @property
+    def probe(self) -> str:
+        """After a claim inserted nothing, in the same transaction: the record holding the key
+        (or none) and whether the locks are free now, seen by a statement of its own, so past
+        any commit that came between the claim's snapshot and its locks. The locks are taken
+        again if they were ours (they are reentrant). Parameters: the lock ids, the scope."""
+        q = self.quote
+        found = ", ".join(f"found.{q(c)}" for c in RECORD_COLUMNS)
+        scope = " AND ".join(f"found.{q(c)} = %s" for c in _SCOPE)
+        return (
+            f"{self._LOCKS}SELECT {found}, lock.acquired, lock.free "
+            f"FROM lock LEFT JOIN {self.table} AS found ON {scope}"
         )
 
 
@@ -104,11 +112,11 @@ class SQLite(Dialect):
     vendor = "sqlite"
 
     def claim_sql(self) -> str:
-        """The insert, returning the new record; nothing if the key is taken."""
+        """The insert: the new record's id, or no row if the key is taken."""
         values = ", ".join("%s" for _ in INSERTED)
         return (
             f"INSERT INTO {self.table} ({self.inserted}) VALUES ({values}) "
-            f"{self.on_conflict_do_nothing()} RETURNING {self.columns}, 1 AS claimed"
+            f"{self.on_conflict_do_nothing()} RETURNING {self.quote('id')}"
         )
 
 

@@ -46,12 +46,13 @@ class RecordRow:
     response_body: bytes | None
     lease_expires_at: datetime | None
     expires_at: datetime
-    claimed: bool = False  # This statement inserted it.
-    acquired: bool = True  # Nobody else was claiming the key when the statement ran.
+    claimed: bool = False  # This claim inserted it.
+    acquired: bool = True  # Nobody else was claiming the key when the claim read it.
 
 
 def to_row(values: Sequence[Any]) -> RecordRow:
-    """Decode one result row; SQLite hands back text where PostgreSQL has types."""
+    """Decode the RECORD_COLUMNS of one result row; SQLite hands back text where PostgreSQL
+    has types."""
     (
         pk,
         fingerprint,
@@ -64,8 +65,7 @@ def to_row(values: Sequence[Any]) -> RecordRow:
         body,
         lease_expires_at,
         expires_at,
-    ) = values[: len(RECORD_COLUMNS)]
-    flags = [bool(flag) for flag in values[len(RECORD_COLUMNS) :]]
+    ) = values
     return RecordRow(
         pk=int(pk),
         fingerprint=str(fingerprint),
@@ -78,8 +78,6 @@ def to_row(values: Sequence[Any]) -> RecordRow:
         response_body=None if body is None else bytes(body),
         lease_expires_at=_datetime(lease_expires_at),
         expires_at=_datetime(expires_at),  # type: ignore[arg-type]
-        claimed=flags[0] if flags else False,
-        acquired=flags[1] if len(flags) > 1 else True,
     )
 
 

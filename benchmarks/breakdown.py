@@ -1,0 +1,158 @@
+"""Where the time goes: one request at a time, in-process, through Django's WSGI handler."""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY = json.dumps({"amount": 100, "currency": "EUR", "description": "benchmark"}).encode()
+
+
+def environ(path: str, key: str | None) -> dict[str, object]:
+    """A POST as gunicorn hands it to Django."""
+    env: dict[str, object] = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": path,
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "localhost",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "REMOTE_ADDR": "127.0.0.1",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(BODY)),
+        "wsgi.input": io.BytesIO(BODY),
+        "wsgi.url_scheme": "http",
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+        "wsgi.version": (1, 0),
+    }
+    if key is not None:
+        env["HTTP_IDEMPOTENCY_KEY"] = key
+    return env
+
+
+def backend_cpu() -> Callable[[], float]:
+    """CPU seconds the server process of the default connection has used (PostgreSQL on this
+    machine only; 0 elsewhere)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return lambda: 0.0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+
+    def read() -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # The server runs elsewhere, or as another user's hidden process.
+            return 0.0
+        return sum(int(value) for value in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+
+    return read
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=1000, help="per variant and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile", help="print the cProfile of this variant (its name)")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--only", nargs="*", help="these variants (names) only")
+    args = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    os.environ.setdefault("DJANGO_DEBUG", "0")
+    os.environ.setdefault("CONN_MAX_AGE", "600")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    call_command("migrate", verbosity=0)
+    handler = WSGIHandler()
+    run = uuid.uuid4().hex[:8]
+    replayed = f"profile-{run}"
+
+    def call(path: str, key: str | None) -> None:
+        statuses: list[str] = []
+        body = handler(environ(path, key), lambda status, headers, *_: statuses.append(status))
+        b"".join(body)
+        getattr(body, "close", lambda: None)()
+        assert statuses[0][:3] in ("200", "201"), (path, statuses, b"".join(body))
+
+    counter = iter(range(10**9))
+    cached = {"IDEMPOTENCY_CACHE": "idempotency"}
+    variants: dict[str, tuple[Callable[[], None], dict[str, object]]] = {
+        "plain": (lambda: call("/api/bench/plain/", None), {}),
+        "recorded": (lambda: call("/api/bench/recorded/", None), {}),
+        "floor": (lambda: call("/api/bench/floor/", None), {}),
+        "fresh-atomic": (lambda: call("/api/payments/", f"f-{run}-{next(counter)}"), {}),
+        "fresh-lease": (lambda: call("/api/bench/lease/", f"l-{run}-{next(counter)}"), {}),
+        "fresh-atomic-cache": (
+            lambda: call("/api/payments/", f"c-{run}-{next(counter)}"),
+            cached,
+        ),
+        "replay": (lambda: call("/api/payments/", replayed), {}),
+        "replay-cache": (lambda: call("/api/payments/", replayed), cached),
+    }
+    call("/api/payments/", replayed)
+    server = backend_cpu()
+    if args.profile:
+        action, settings = variants[args.profile]
+        with override_settings(**settings):
+            for _ in range(200):
+                action()
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(args.requests):
+                action()
+            profiler.disable()
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.top)
+        print(out.getvalue())
+        return
+    chosen = {name: v for name, v in variants.items() if not args.only or name in args.only}
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in chosen}
+    for _ in range(args.rounds):  # Interleaved, so drift on the machine hits every variant.
+        for name, (action, settings) in chosen.items():
+            with override_settings(**settings):
+                for _ in range(100):  # Warm: prepared statements, caches, connection.
+                    action()
+                wall, cpu, db = time.perf_counter(), time.process_time(), server()
+                for _ in range(args.requests):
+                    action()
+                samples[name].append(
+                    (
+                        (time.process_time() - cpu) * 1000 / args.requests,
+                        (server() - db) * 1000 / args.requests,
+                        (time.perf_counter() - wall) * 1000 / args.requests,
+                    )
+                )
+    print("| variant | client CPU ms | database CPU ms | total CPU ms | wall ms |")
+    print("|---|---:|---:|---:|---:|")
+    for name, measured in samples.items():
+        client, db, wall = (statistics.median(column) for column in zip(*measured, strict=True))
+        print(f"| {name} | {client:.3f} | {db:.3f} | {client + db:.3f} | {wall:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
