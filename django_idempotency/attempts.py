@@ -145,7 +145,8 @@ class Attempt:
             request = replace(request, now=timezone.now())
 
     def complete(self, result: StoredResponse) -> bool:
-        """Store the result for every retry; False if the lease was lost to another caller.
+        """Store the result for every retry; False if the lease was lost to another caller, or
+        (atomic mode) the transaction was marked for rollback.
 
         Raises `StoreUnavailable`: at once in atomic mode (the caller's writes are then lost with
         it); in lease mode only once the lease has ended without the store coming back.
@@ -153,10 +154,12 @@ class Attempt:
         claim, self.claim = self.claim, None
         if claim is None:
             return False
+        # Our own transaction ends with the completion: the store may commit with it.
+        complete = self.store.complete_last if self.owns_transaction else self.store.complete
         delay = 0.05
         while True:
             try:
-                kept = self.store.complete(claim, result, timezone.now())
+                kept = complete(claim, result, timezone.now())
                 break
             except StoreUnavailable as exc:
                 if self.owns_transaction:
@@ -187,6 +190,12 @@ class Attempt:
                 raise
         if kept:
             self._announce(signals.completed, "completed")
+        elif self.atomic:
+            logger.warning(
+                "The transaction was marked for rollback (transaction.set_rollback): nothing of "
+                "it is kept, the idempotency claim included, and a retry runs the work again."
+            )
+            self._announce(signals.released, "released")
         else:
             logger.warning(
                 "The lease expired and another caller took the key over; this result was not "

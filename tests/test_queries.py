@@ -1,17 +1,11 @@
 """SQL the guard adds per request on PostgreSQL and MariaDB, locked by count.
 
 Django logs transaction control (BEGIN, COMMIT) with the statements; they are counted apart:
-atomic mode opens a transaction of its own only when no caller's transaction is open. On
-PostgreSQL the round trips to the server are counted too, from libpq's own protocol trace: what
-the client waits for, whatever Django logs.
+atomic mode opens a transaction of its own only when no caller's transaction is open. Round
+trips are counted in test_round_trips.
 """
 
 from __future__ import annotations
-
-import contextlib
-import itertools
-import tempfile
-from collections.abc import Iterator
 
 import pytest
 from django.db import connection
@@ -36,54 +30,6 @@ def _run(client: Client, **kwargs: object) -> tuple[int, int]:
     control = sum(statement in TRANSACTION_CONTROL for statement in sql)
     assert not any("SAVEPOINT" in statement for statement in sql)
     return len(sql) - control, control
-
-
-@contextlib.contextmanager
-def _round_trips() -> Iterator[list[int]]:
-    """Count the client's round trips to PostgreSQL: each run of messages it sends (libpq's
-    trace marks them F) that the server then answers (B)."""
-    from psycopg import pq
-
-    counted: list[int] = []
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
-    with tempfile.TemporaryFile("w+") as trace:
-        pgconn.trace(trace.fileno())
-        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        try:
-            yield counted
-        finally:
-            pgconn.untrace()
-        trace.seek(0)
-        directions = [line[0] for line in trace if line[:1] in ("F", "B")]
-    counted.append(sum(a == "F" and b == "B" for a, b in itertools.pairwise(directions)))
-
-
-def _trips(client: Client, key: str | None) -> int:
-    with _round_trips() as counted:
-        response = post(client, URL, key=key)
-    assert response.status_code == 201, response.content
-    return counted[0]
-
-
-@pytest.mark.postgresql
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    ("mode", "fresh", "replay"),
-    [
-        # The lookup, the claim, the completion: each its own round trip.
-        ("lease", 3, 1),
-        # The lookup; then BEGIN, the claim, the completion and COMMIT, beside the view's
-        # own statement, which the plain view runs in autocommit.
-        ("atomic", 5, 1),
-    ],
-)
-def test_round_trips_the_guard_adds(mode: str, fresh: int, replay: int) -> None:
-    client = Client()
-    with override_settings(IDEMPOTENCY_MODE=mode):
-        _trips(client, None)  # A warm connection: no connection set-up is counted.
-        plain = _trips(client, None)
-        assert (_trips(client, "fresh") - plain, _trips(client, "fresh")) == (fresh, replay)
 
 
 def _added(mode: str) -> tuple[tuple[int, int], tuple[int, int]]:

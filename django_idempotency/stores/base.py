@@ -69,7 +69,9 @@ class BaseStore:
       It raises `StoreUnavailable` when the store cannot be reached.
     - `complete` stores the response, `release` forgets the claim; both act only if the claim's
       lease token still matches, and return whether they did. A store without row ids leaves
-      `Claim.record_id` None and finds the claim's record by `Claim.scope`.
+      `Claim.record_id` None and finds the claim's record by `Claim.scope`. `complete_last` is
+      `complete` as the last statement of the transaction `atomic` opened: a store may send the
+      commit with it.
     - `lookup` may answer a replay (or mismatch) from a faster copy before any transaction is
       opened; None sends the request on to `begin`.
     - `purge` deletes expired records and abandoned claims (in progress, lease run out) in
@@ -91,6 +93,10 @@ class BaseStore:
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
         raise NotImplementedError
+
+    def complete_last(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
+        """`complete`, when nothing follows it in the transaction `atomic` opened."""
+        return self.complete(claim, response, now)
 
     def release(self, claim: Claim) -> bool:
         raise NotImplementedError

@@ -71,7 +71,13 @@ class CacheTier(BaseStore):
         return claim
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
-        kept = self.inner.complete(claim, response, now)
+        return self._copy_once_kept(self.inner.complete(claim, response, now), claim, response)
+
+    def complete_last(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
+        kept = self.inner.complete_last(claim, response, now)
+        return self._copy_once_kept(kept, claim, response)
+
+    def _copy_once_kept(self, kept: bool, claim: Claim, response: StoredResponse) -> bool:
         if kept:
             self.inner.after_commit(lambda: self._keep(claim, response))
         return kept

@@ -178,8 +178,13 @@ class DatabaseStore(BaseStore):
         locks = []
         if isinstance(dialect, PostgreSQL):
             locks = [_identity_lock_id(request), _lock_id(scope.namespace, scope.owner, scope.key)]
-        with statements.cursor(connection) as cursor:
-            cursor.execute(dialect.claim, [*locks, *params])
+        claim, opening = dialect.claim, False
+        if isinstance(dialect, PostgreSQL) and statements.opens_transaction(connection):
+            claim, opening = dialect.opening_claim, True  # BEGIN and the claim: one round trip.
+        with statements.cursor(connection, several=opening) as cursor:
+            cursor.execute(claim, [*locks, *params])
+            if opening:
+                cursor.nextset()  # From BEGIN's result to the claim's.
             inserted = cursor.fetchone()
         if inserted is not None:
             return _inserted_row(request, inserted[0]), False
@@ -253,8 +258,18 @@ class DatabaseStore(BaseStore):
             return row if cursor.rowcount == 1 else None
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
+        return self._complete(claim, response, now, last=False)
+
+    def complete_last(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
+        return self._complete(claim, response, now, last=True)
+
+    def _complete(
+        self, claim: Claim, response: StoredResponse, now: datetime, *, last: bool
+    ) -> bool:
         assert claim.record_id is not None and claim.lease_token is not None
         connection = self.connection
+        if connection.in_atomic_block and connection.needs_rollback:
+            return False  # `transaction.set_rollback(True)`: the claim is rolled back too.
         ops = connection.ops
         params = [
             Status.COMPLETED.value,
@@ -266,9 +281,16 @@ class DatabaseStore(BaseStore):
             claim.record_id,
             claim.lease_token,  # Fencing: only while the claim still holds its lease token.
         ]
-        with _reachable(connection), statements.cursor(connection) as cursor:
-            cursor.execute(dialect_for(connection).complete, params)
-            return bool(cursor.rowcount == 1)
+        with _reachable(connection):
+            dialect = dialect_for(connection)
+            sql = dialect.complete
+            closing = last and statements.closes_transaction(connection)
+            if closing and isinstance(dialect, PostgreSQL):
+                # The block's own commit then finds the transaction ended, and sends nothing.
+                sql = dialect.closing_complete
+            with statements.cursor(connection, several=sql != dialect.complete) as cursor:
+                cursor.execute(sql, params)
+                return bool(cursor.rowcount == 1)
 
     def release(self, claim: Claim) -> bool:
         with _reachable(self.connection):

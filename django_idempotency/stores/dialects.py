@@ -94,6 +94,16 @@ class PostgreSQL(Dialect):
         )
 
     @property
+    def opening_claim(self) -> str:
+        """The claim with the BEGIN of the transaction it opens, in one round trip."""
+        return f"BEGIN; {self.claim}"
+
+    @property
+    def closing_complete(self) -> str:
+        """The completion with the COMMIT of the transaction it ends, in one round trip."""
+        return f"{self.complete}; COMMIT"
+
+    @property
     def probe(self) -> str:
         """After a claim inserted nothing, in the same transaction: the record holding the key
         (or none) and whether the locks are free now, seen by a statement of its own, so past

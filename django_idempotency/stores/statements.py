@@ -98,18 +98,23 @@ def _datetime(value: Any) -> datetime | None:
 
 
 @contextmanager
-def cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+def cursor(connection: BaseDatabaseWrapper, *, several: bool = False) -> Iterator[Any]:
     """Django's cursor, so query logging and execute wrappers see every statement.
 
     On PostgreSQL with psycopg 3 the statement is sent with server-side parameters and
     prepared once per connection: its plan is then reused instead of being made again on every
-    request (the claim's plan costs more than its execution).
+    request. With `several`, psycopg binds the parameters itself instead, so one round trip can
+    carry several statements (see `opens_transaction` and `closes_transaction`).
     """
     prepared = _prepared_cursor_class() if connection.vendor == "postgresql" else None
     if prepared is None:
         with connection.cursor() as django_cursor:
             yield django_cursor
         return
+    if several:
+        from psycopg import ClientCursor
+
+        prepared = ClientCursor
     connection.ensure_connection()
     with connection.wrap_database_errors:
         # The wrapping `connection.cursor()` applies (logging, execute wrappers), around ours.
@@ -118,6 +123,42 @@ def cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
         )
     with django_cursor:
         yield django_cursor
+
+
+def opens_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the next statement opens the transaction of an atomic block: psycopg 3 would
+    then send BEGIN on a round trip of its own first. If so, psycopg is told not to, and the
+    caller sends BEGIN with that statement. Django's transaction state does not change: the
+    block's commit or rollback ends the server's transaction as it would have."""
+    raw = _psycopg3(connection)
+    if raw is None or not connection.in_atomic_block or raw.autocommit:
+        return False
+    from psycopg.pq import TransactionStatus
+
+    if raw.pgconn.transaction_status != TransactionStatus.IDLE:
+        return False
+    if raw.isolation_level is not None or raw.read_only is not None:
+        return False  # psycopg's BEGIN would carry them: leave it to psycopg.
+    raw.autocommit = True
+    return True
+
+
+def closes_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the caller may send COMMIT with its statement, the last of a transaction its own
+    atomic block opened: that block's commit then has nothing left to send."""
+    raw = _psycopg3(connection)
+    if raw is None or len(connection.atomic_blocks) != 1 or connection.needs_rollback:
+        return False
+    from psycopg.pq import TransactionStatus
+
+    return bool(raw.pgconn.transaction_status == TransactionStatus.INTRANS)
+
+
+def _psycopg3(connection: BaseDatabaseWrapper) -> Any:
+    """The connection's psycopg 3 connection, or None (another backend or driver)."""
+    if connection.vendor != "postgresql" or _prepared_cursor_class() is None:
+        return None
+    return connection.connection
 
 
 @functools.cache
