@@ -101,6 +101,7 @@ def main() -> None:
 
     counter = iter(range(10**9))
     cached = {"IDEMPOTENCY_CACHE": "idempotency"}
+    memory = {"IDEMPOTENCY_STORE": "django_idempotency.stores.memory.MemoryStore"}
     variants: dict[str, tuple[Callable[[], None], dict[str, object]]] = {
         "plain": (lambda: call("/api/bench/plain/", None), {}),
         "recorded": (lambda: call("/api/bench/recorded/", None), {}),
@@ -112,9 +113,14 @@ def main() -> None:
             cached,
         ),
         "replay": (lambda: call("/api/payments/", replayed), {}),
+        # The guard's own Python, with a store that costs almost nothing (per process, no I/O).
+        "fresh-memory": (lambda: call("/api/bench/lease/", f"m-{run}-{next(counter)}"), memory),
+        "replay-memory": (lambda: call("/api/bench/lease/", replayed), memory),
         "replay-cache": (lambda: call("/api/payments/", replayed), cached),
     }
     call("/api/payments/", replayed)
+    with override_settings(**memory):
+        call("/api/bench/lease/", replayed)
     server = backend_cpu()
     if args.profile:
         action, settings = variants[args.profile]
