@@ -20,6 +20,7 @@ from django_idempotency.exceptions import StoreUnavailable
 __all__ = [
     "BaseStore",
     "ClaimRequest",
+    "HeldKey",
     "PurgeResult",
     "Record",
     "StoreBusy",
@@ -57,6 +58,15 @@ class ClaimRequest:
     now: datetime
     ttl: timedelta
     lease: timedelta | None  # None: the claim lives inside the caller's transaction (atomic).
+
+    @property
+    def lease_expires_at(self) -> datetime | None:
+        """When the lease this claim would take runs out; None in atomic mode."""
+        return None if self.lease is None else self.now + self.lease
+
+    @property
+    def expires_at(self) -> datetime:
+        return self.now + self.ttl
 
 
 class BaseStore:
@@ -133,31 +143,35 @@ def fresh_claim(request: ClaimRequest, token: str) -> Claim:
     return Claim(
         Outcome.FRESH,
         lease_token=token,
-        lease_expires_at=None if request.lease is None else request.now + request.lease,
+        lease_expires_at=request.lease_expires_at,
         scope=request.scope,
         fingerprint=request.fingerprint,
-        expires_at=request.now + request.ttl,
+        expires_at=request.expires_at,
         method=request.method,
         path=request.path,
     )
 
 
-@dataclass(frozen=True)
-class Record:
-    """A record as a store without SQL keeps it (memory) or reads it back (Redis)."""
+class HeldKey:
+    """What the record holding a key means for a request: one rule for every store's record."""
 
     fingerprint: str
     method: str
     path: str
     status: str
-    lease_token: str
     lease_expires_at: datetime | None
-    created_at: datetime
     expires_at: datetime
-    response: StoredResponse | None = None
+
+    @property
+    def record_id(self) -> int | None:
+        """The row's id, where the store has rows."""
+        return None
+
+    def stored_response(self) -> StoredResponse:
+        raise NotImplementedError
 
     def abandoned(self, now: datetime) -> bool:
-        """Free to take over: `core.outcomes.is_abandoned`, the database store's rule too."""
+        """Free to take over: expired, or in progress with its lease run out."""
         return is_abandoned(
             status=self.status,
             expires_at=self.expires_at,
@@ -175,13 +189,32 @@ class Record:
             == (request.fingerprint, request.method, request.path),
         )
         if outcome is not Outcome.REPLAY:
-            return Claim(outcome, lease_expires_at=self.lease_expires_at)
+            return Claim(outcome, record_id=self.record_id, lease_expires_at=self.lease_expires_at)
         return Claim(
             outcome,
-            response=self.response or StoredResponse(200),
+            record_id=self.record_id,
+            response=self.stored_response(),
             scope=request.scope,
             fingerprint=self.fingerprint,
             expires_at=self.expires_at,
             method=self.method,
             path=self.path,
         )
+
+
+@dataclass(frozen=True)
+class Record(HeldKey):
+    """A record as a store without SQL keeps it (memory) or reads it back (Redis)."""
+
+    fingerprint: str
+    method: str
+    path: str
+    status: str
+    lease_token: str
+    lease_expires_at: datetime | None
+    created_at: datetime
+    expires_at: datetime
+    response: StoredResponse | None = None
+
+    def stored_response(self) -> StoredResponse:
+        return self.response or StoredResponse(200)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
@@ -24,15 +23,7 @@ from django.db.models import QuerySet
 from django.db.models.sql import UpdateQuery
 
 from django_idempotency.conf import conf
-from django_idempotency.core.outcomes import (
-    Claim,
-    Outcome,
-    Scope,
-    Status,
-    StoredResponse,
-    classify,
-    is_abandoned,
-)
+from django_idempotency.core.outcomes import Claim, Outcome, Scope, Status, StoredResponse
 from django_idempotency.models import IdempotencyRecord, reclaimable
 from django_idempotency.stores import statements
 from django_idempotency.stores.base import (
@@ -42,12 +33,14 @@ from django_idempotency.stores.base import (
     StoreBusy,
     StoreUnavailable,
 )
+from django_idempotency.stores.batches import delete_batch
 from django_idempotency.stores.connections import on_a_live_connection
 from django_idempotency.stores.dialects import (
     MARIADB_DUPLICATE_KEY,
     MARIADB_LOCK_NOT_GRANTED,
     MariaDB,
     PostgreSQL,
+    advisory_locks,
     dialect_for,
 )
 from django_idempotency.stores.statements import RecordRow
@@ -83,9 +76,9 @@ class DatabaseStore(BaseStore):
             if _is_busy(connection, exc):
                 return None  # `begin` decides, answering 409 if SQLite stays busy.
             raise StoreUnavailable(str(exc)) from exc
-        if row is None or _abandoned(row, request):
+        if row is None or row.abandoned(request.now):
             return None
-        return self._answer(row, request)
+        return row.answer(request)
 
     def _find(
         self, connection: BaseDatabaseWrapper, scope: Scope, *, locking: bool = False
@@ -107,13 +100,13 @@ class DatabaseStore(BaseStore):
                 return Claim(outcome)
             claimed = row.claimed
             # Only take over a record nobody else is claiming right now.
-            if not claimed and row.acquired and _abandoned(row, request):
+            if not claimed and row.acquired and row.abandoned(request.now):
                 taken = self._take_over(row, request, token)
                 if taken is None:
                     # Purged or taken by another retry since the read: answer from what the
                     # database holds now, never from the stale row.
                     row = self._find(connection, request.scope, locking=True)
-                    if row is None or _abandoned(row, request):
+                    if row is None or row.abandoned(request.now):
                         return Claim(Outcome.IN_PROGRESS)
                 else:
                     row, claimed = taken, True
@@ -135,30 +128,7 @@ class DatabaseStore(BaseStore):
                 method=request.method,
                 path=request.path,
             )
-        return self._answer(row, request)
-
-    @staticmethod
-    def _answer(row: RecordRow, request: ClaimRequest) -> Claim:
-        """What an existing record, not ours, means for this request."""
-        outcome = classify(
-            status=row.status,
-            expires_at=row.expires_at,
-            now=request.now,
-            same_request=(row.fingerprint, row.method, row.path)
-            == (request.fingerprint, request.method, request.path),
-        )
-        if outcome is Outcome.REPLAY:
-            return Claim(
-                outcome,
-                record_id=row.pk,
-                response=_stored_response(row),
-                scope=request.scope,
-                fingerprint=row.fingerprint,
-                expires_at=row.expires_at,
-                method=row.method,
-                path=row.path,
-            )
-        return Claim(outcome, record_id=row.pk, lease_expires_at=row.lease_expires_at)
+        return row.answer(request)
 
     def _insert_or_find(
         self, connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
@@ -177,7 +147,7 @@ class DatabaseStore(BaseStore):
         scope = request.scope
         locks = []
         if isinstance(dialect, PostgreSQL):
-            locks = [_identity_lock_id(request), _lock_id(scope.namespace, scope.owner, scope.key)]
+            locks = advisory_locks(request)
         claim, opening = dialect.claim, False
         if isinstance(dialect, PostgreSQL) and statements.opens_transaction(connection):
             claim, opening = dialect.opening_claim, True  # BEGIN and the claim: one round trip.
@@ -187,7 +157,7 @@ class DatabaseStore(BaseStore):
                 cursor.nextset()  # From BEGIN's result to the claim's.
             inserted = cursor.fetchone()
         if inserted is not None:
-            return _inserted_row(request, inserted[0]), False
+            return RecordRow.inserted(request, inserted[0]), False
         if not isinstance(dialect, PostgreSQL):
             return self._find(connection, scope), False
         with statements.cursor(connection) as cursor:
@@ -216,7 +186,7 @@ class DatabaseStore(BaseStore):
             if exc.args and exc.args[0] != MARIADB_DUPLICATE_KEY:
                 raise
             return self._find(connection, request.scope, locking=True)
-        return _inserted_row(request, pk)
+        return RecordRow.inserted(request, pk)
 
     def _take_over(self, row: RecordRow, request: ClaimRequest, token: str) -> RecordRow | None:
         """Claim an abandoned record; None if a concurrent request or the purge got there first."""
@@ -227,7 +197,7 @@ class DatabaseStore(BaseStore):
             method=request.method,
             path=request.path,
             status=Status.IN_PROGRESS.value,
-            lease_expires_at=_lease_end(request),
+            lease_expires_at=request.lease_expires_at,
             expires_at=now + request.ttl,
         )
         record = IdempotencyRecord.objects.using(self.alias).filter(reclaimable(now), pk=row.pk)
@@ -316,7 +286,7 @@ class DatabaseStore(BaseStore):
                 abandoned=records.filter(status=Status.IN_PROGRESS.value).count(),
             )
         result = PurgeResult()
-        while deleted := self._purge_batch(records, batch_size):
+        while deleted := delete_batch(self.alias, records, batch_size):
             result.batches += 1
             for status, *_ in deleted:
                 if status == Status.COMPLETED:
@@ -327,41 +297,6 @@ class DatabaseStore(BaseStore):
             if progress is not None:
                 progress(result)
         return result
-
-    def _purge_batch(
-        self, records: QuerySet[IdempotencyRecord], batch_size: int
-    ) -> list[tuple[str, str, str, str]]:
-        """Delete one batch in its own short transaction; return (status, *scope) per row."""
-        fields = ("status", "namespace", "owner", "key")
-        connection = self.connection
-        dialect = dialect_for(connection)
-        if isinstance(dialect, PostgreSQL):
-            # One statement a batch; SKIP LOCKED leaves rows a live claim is taking over alone.
-            batch = records.values("pk")[:batch_size].select_for_update(skip_locked=True)
-            q = dialect.quote
-            with transaction.atomic(using=self.alias), connection.cursor() as cursor:
-                inner_sql, params = batch.query.sql_with_params()
-                # MATERIALIZED: as a plain IN (subquery) the planner may rescan the LIMIT
-                # subquery once per row and delete far more than one batch.
-                cursor.execute(
-                    f"WITH batch (batch_id) AS MATERIALIZED ({inner_sql}) "
-                    f"DELETE FROM {dialect.table} WHERE {q('id')} IN (SELECT batch_id FROM batch) "
-                    f"RETURNING {', '.join(q(f) for f in fields)}",
-                    params,
-                )
-                return [tuple(row) for row in cursor.fetchall()]
-        if isinstance(dialect, MariaDB):
-            outer_transaction = connection.in_atomic_block
-            where, params = records.query.get_compiler(self.alias).compile(records.query.where)
-            with transaction.atomic(using=self.alias), connection.cursor() as cursor:
-                if not outer_transaction:
-                    cursor.execute(dialect.read_committed)
-                cursor.execute(dialect.delete_returning(where, batch_size), params)
-                return [tuple(row) for row in cursor.fetchall()]
-        with transaction.atomic(using=self.alias):
-            rows = list(records.values_list("pk", *fields)[:batch_size])
-            IdempotencyRecord.objects.using(self.alias).filter(pk__in=[r[0] for r in rows]).delete()
-        return [row[1:] for row in rows]
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[bool]:
@@ -414,9 +349,9 @@ class DatabaseStore(BaseStore):
             request.path,
             ops.adapt_json_value([], None),
             token,
-            ops.adapt_datetimefield_value(_lease_end(request)),
+            ops.adapt_datetimefield_value(request.lease_expires_at),
             ops.adapt_datetimefield_value(request.now),
-            ops.adapt_datetimefield_value(request.now + request.ttl),
+            ops.adapt_datetimefield_value(request.expires_at),
         ]
 
 
@@ -455,57 +390,3 @@ def _is_busy(connection: BaseDatabaseWrapper, exc: Exception) -> bool:
         return "locked" in str(exc)
     code = exc.args[0] if exc.args else None
     return connection.vendor == "mysql" and code in MARIADB_LOCK_NOT_GRANTED
-
-
-def _lease_end(request: ClaimRequest) -> datetime | None:
-    return request.now + request.lease if request.lease is not None else None
-
-
-def _lock_id(*parts: str) -> int:
-    """A signed 64-bit advisory lock id; collisions only cost a spurious 409."""
-    digest = hashlib.sha256("\x00".join(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def _identity_lock_id(request: ClaimRequest) -> int:
-    """The lock a claim holds on its request's identity: scope, fingerprint, method, path."""
-    scope = request.scope
-    return _lock_id(
-        scope.namespace, scope.owner, scope.key, request.fingerprint, request.method, request.path
-    )
-
-
-def _inserted_row(request: ClaimRequest, pk: Any) -> RecordRow:
-    """The record a claim has just inserted, as the claim wrote it."""
-    return RecordRow(
-        pk=int(pk),
-        fingerprint=request.fingerprint,
-        method=request.method,
-        path=request.path,
-        status=Status.IN_PROGRESS.value,
-        response_status=None,
-        response_reason="",
-        response_headers=[],
-        response_body=None,
-        lease_expires_at=_lease_end(request),
-        expires_at=request.now + request.ttl,
-        claimed=True,
-    )
-
-
-def _abandoned(row: RecordRow, request: ClaimRequest) -> bool:
-    return is_abandoned(
-        status=row.status,
-        expires_at=row.expires_at,
-        lease_expires_at=row.lease_expires_at,
-        now=request.now,
-    )
-
-
-def _stored_response(row: RecordRow) -> StoredResponse:
-    return StoredResponse(
-        status=row.response_status or 200,
-        headers=[(str(name), str(value)) for name, value in row.response_headers],
-        body=row.response_body or b"",
-        reason=row.response_reason,
-    )

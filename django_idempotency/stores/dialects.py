@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.exceptions import StoreNotSupported
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores.base import ClaimRequest
 from django_idempotency.stores.statements import RECORD_COLUMNS
 
 # The columns a claim writes, in the order of the store's claim parameters.
@@ -158,6 +160,20 @@ class MariaDB(Dialect):
         """One purge batch in one statement, returning what the forget step needs."""
         returned = ", ".join(self.quote(c) for c in ("status", *_SCOPE))
         return f"DELETE FROM {self.table} WHERE {where} LIMIT {int(limit)} RETURNING {returned}"
+
+
+def advisory_locks(request: ClaimRequest) -> list[int]:
+    """PostgreSQL's two lock ids for a claim: the request's identity (scope, fingerprint,
+    method, path), then its key (scope)."""
+    scope = request.scope
+    key = (scope.namespace, scope.owner, scope.key)
+    return [_lock_id(*key, request.fingerprint, request.method, request.path), _lock_id(*key)]
+
+
+def _lock_id(*parts: str) -> int:
+    """A signed 64-bit advisory lock id; collisions only cost a spurious 409."""
+    digest = hashlib.sha256("\x00".join(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 _DIALECTS: dict[str, type[Dialect]] = {d.vendor: d for d in (PostgreSQL, SQLite, MariaDB)}

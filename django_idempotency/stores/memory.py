@@ -40,16 +40,15 @@ class MemoryStore(BaseStore):
             if record is not None and not record.abandoned(now):
                 return record.answer(request)
             token = uuid.uuid4().hex
-            lease_end = now + request.lease if request.lease is not None else None
             self.records[request.scope] = Record(
                 fingerprint=request.fingerprint,
                 method=request.method,
                 path=request.path,
                 status=Status.IN_PROGRESS.value,
                 lease_token=token,
-                lease_expires_at=lease_end,
+                lease_expires_at=request.lease_expires_at,
                 created_at=now,
-                expires_at=now + request.ttl,
+                expires_at=request.expires_at,
             )
         return fresh_claim(request, token)
 

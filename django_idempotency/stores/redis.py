@@ -206,8 +206,8 @@ def _record(found: list[bytes | None], *, like: datetime) -> Record:
 
 def _claim_args(request: ClaimRequest, token: str) -> list[Any]:
     scope = request.scope
-    expires = _ms(request.now + request.ttl)
-    lease_end = _ms(request.now + request.lease) if request.lease is not None else expires
+    expires = _ms(request.expires_at)
+    lease_end = _ms(request.lease_expires_at or request.expires_at)
     return [
         scope.namespace,
         scope.owner,

@@ -15,6 +15,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from django_idempotency.core.outcomes import Status, StoredResponse
+from django_idempotency.stores.base import ClaimRequest, HeldKey
+
 # What the store reads of a record, in this order, by every statement that returns one.
 RECORD_COLUMNS = (
     "id",
@@ -32,7 +35,7 @@ RECORD_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class RecordRow:
+class RecordRow(HeldKey):
     """A record as the store's statements return it: no model instance, no ORM on the hot path."""
 
     pk: int
@@ -48,6 +51,36 @@ class RecordRow:
     expires_at: datetime
     claimed: bool = False  # This claim inserted it.
     acquired: bool = True  # Nobody else was claiming the key when the claim read it.
+
+    @classmethod
+    def inserted(cls, request: ClaimRequest, pk: Any) -> RecordRow:
+        """The record a claim has just inserted, as the claim wrote it."""
+        return cls(
+            pk=int(pk),
+            fingerprint=request.fingerprint,
+            method=request.method,
+            path=request.path,
+            status=Status.IN_PROGRESS.value,
+            response_status=None,
+            response_reason="",
+            response_headers=[],
+            response_body=None,
+            lease_expires_at=request.lease_expires_at,
+            expires_at=request.expires_at,
+            claimed=True,
+        )
+
+    @property
+    def record_id(self) -> int:
+        return self.pk
+
+    def stored_response(self) -> StoredResponse:
+        return StoredResponse(
+            status=self.response_status or 200,
+            headers=[(str(name), str(value)) for name, value in self.response_headers],
+            body=self.response_body or b"",
+            reason=self.response_reason,
+        )
 
 
 def to_row(values: Sequence[Any]) -> RecordRow:

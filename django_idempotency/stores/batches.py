@@ -1,0 +1,45 @@
+"""The database store's purge, one batch a statement where the backend allows it."""
+
+from __future__ import annotations
+
+from django.db import connections, transaction
+from django.db.models import QuerySet
+
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores.dialects import MariaDB, PostgreSQL, dialect_for
+
+
+def delete_batch(
+    alias: str, records: QuerySet[IdempotencyRecord], batch_size: int
+) -> list[tuple[str, str, str, str]]:
+    """Delete one batch of `records` in its own short transaction; (status, *scope) per row."""
+    fields = ("status", "namespace", "owner", "key")
+    connection = connections[alias]
+    dialect = dialect_for(connection)
+    if isinstance(dialect, PostgreSQL):
+        # One statement a batch; SKIP LOCKED leaves rows a live claim is taking over alone.
+        batch = records.values("pk")[:batch_size].select_for_update(skip_locked=True)
+        q = dialect.quote
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            inner_sql, params = batch.query.sql_with_params()
+            # MATERIALIZED: as a plain IN (subquery) the planner may rescan the LIMIT
+            # subquery once per row and delete far more than one batch.
+            cursor.execute(
+                f"WITH batch (batch_id) AS MATERIALIZED ({inner_sql}) "
+                f"DELETE FROM {dialect.table} WHERE {q('id')} IN (SELECT batch_id FROM batch) "
+                f"RETURNING {', '.join(q(f) for f in fields)}",
+                params,
+            )
+            return [tuple(row) for row in cursor.fetchall()]
+    if isinstance(dialect, MariaDB):
+        outer_transaction = connection.in_atomic_block
+        where, params = records.query.get_compiler(alias).compile(records.query.where)
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            if not outer_transaction:
+                cursor.execute(dialect.read_committed)
+            cursor.execute(dialect.delete_returning(where, batch_size), params)
+            return [tuple(row) for row in cursor.fetchall()]
+    with transaction.atomic(using=alias):
+        rows = list(records.values_list("pk", *fields)[:batch_size])
+        IdempotencyRecord.objects.using(alias).filter(pk__in=[r[0] for r in rows]).delete()
+    return [row[1:] for row in rows]
