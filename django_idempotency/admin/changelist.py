@@ -177,9 +177,6 @@ def calendar_hierarchy(cl: ChangeList) -> dict[str, Any]:
     keeps its id but gets a new created_at; a link may lead to a day without records.
     """
     field = cl.date_hierarchy
-    year_field, month_field, day_field = (f"{field}__{part}" for part in ("year", "month", "day"))
-    generic = f"{field}__"
-    label = getattr(cl.opts.get_field(field), "verbose_name", field)
     oldest, newest = (
         cl.root_queryset.order_by(order).values_list(field, flat=True).first()
         for order in ("pk", "-pk")
@@ -187,14 +184,11 @@ def calendar_hierarchy(cl: ChangeList) -> dict[str, Any]:
     if oldest is None or newest is None:
         return {"show": False}
     first, last = sorted([_local_date(oldest), _local_date(newest)])
-
-    def link(filters: dict[str, Any]) -> str:
-        return cl.get_query_string(filters, [generic])
-
+    links = _CalendarLinks(cl, field, first, last)
     try:
-        year = int(cl.params[year_field]) if year_field in cl.params else None
-        month = int(cl.params[month_field]) if month_field in cl.params else None
-        day = int(cl.params[day_field]) if day_field in cl.params else None
+        year, month, day = (
+            int(cl.params[name]) if name in cl.params else None for name in links.fields
+        )
         selected = date(year or 1, month or 1, day or 1)
     except (TypeError, ValueError):
         return {"show": False}  # Django's own filter already rejected these parameters.
@@ -203,52 +197,76 @@ def calendar_hierarchy(cl: ChangeList) -> dict[str, Any]:
         if first.month == last.month:
             month = first.month
         selected = date(year, month or 1, 1)
+    label = getattr(cl.opts.get_field(field), "verbose_name", field)
     base = {"show": True, "field_name": label}
     if year is not None and month is not None and day is not None:
+        return {**base, **links.day(selected)}
+    if year is not None and month is not None:
+        return {**base, **links.month(year, month)}
+    if year is not None:
+        return {**base, **links.year(year)}
+    return {**base, **links.years()}
+
+
+class _CalendarLinks:
+    """The back link and the choices of each level of the hierarchy, within [first, last]."""
+
+    def __init__(self, cl: ChangeList, field: str, first: date, last: date) -> None:
+        self.cl = cl
+        self.fields = tuple(f"{field}__{part}" for part in ("year", "month", "day"))
+        self.generic = f"{field}__"
+        self.first, self.last = first, last
+
+    def link(self, *parts: int | str) -> str:
+        """The change list filtered to year, month and day, as many of them as given."""
+        filters = dict(zip(self.fields[: len(parts)], parts, strict=True))
+        return self.cl.get_query_string(filters, [self.generic])
+
+    def day(self, selected: date) -> dict[str, Any]:
         return {
-            **base,
             "back": {
-                "link": link({year_field: year, month_field: month}),
+                "link": self.link(selected.year, selected.month),
                 "title": capfirst(formats.date_format(selected, "YEAR_MONTH_FORMAT")),
             },
             "choices": [{"title": capfirst(formats.date_format(selected, "MONTH_DAY_FORMAT"))}],
         }
-    if year is not None and month is not None:
+
+    def month(self, year: int, month: int) -> dict[str, Any]:
         days_in_month = calendar.monthrange(year, month)[1]
         month_days = [date(year, month, number) for number in range(1, days_in_month + 1)]
         return {
-            **base,
-            "back": {"link": link({year_field: year}), "title": str(year)},
+            "back": {"link": self.link(year), "title": str(year)},
             "choices": [
                 {
-                    "link": link({year_field: year, month_field: month, day_field: day.day}),
+                    "link": self.link(year, month, day.day),
                     "title": capfirst(formats.date_format(day, "MONTH_DAY_FORMAT")),
                 }
-                for day in _within(month_days, first, last)
+                for day in _within(month_days, self.first, self.last)
             ],
         }
-    if year is not None:
+
+    def year(self, year: int) -> dict[str, Any]:
         months = [date(year, number, 1) for number in range(1, 13)]
-        first_month, last_month = first.replace(day=1), last.replace(day=1)
+        first_month, last_month = self.first.replace(day=1), self.last.replace(day=1)
         return {
-            **base,
-            "back": {"link": link({}), "title": gettext("All dates")},
+            "back": {"link": self.link(), "title": gettext("All dates")},
             "choices": [
                 {
-                    "link": link({year_field: year, month_field: month_start.month}),
+                    "link": self.link(year, month_start.month),
                     "title": capfirst(formats.date_format(month_start, "YEAR_MONTH_FORMAT")),
                 }
                 for month_start in _within(months, first_month, last_month)
             ],
         }
-    return {
-        **base,
-        "back": None,
-        "choices": [
-            {"link": link({year_field: str(number)}), "title": str(number)}
-            for number in range(first.year, last.year + 1)
-        ],
-    }
+
+    def years(self) -> dict[str, Any]:
+        return {
+            "back": None,
+            "choices": [
+                {"link": self.link(str(number)), "title": str(number)}
+                for number in range(self.first.year, self.last.year + 1)
+            ],
+        }
 
 
 def _local_date(value: datetime) -> date:
