@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
+from django_idempotency import signals
 from django_idempotency.stores import PurgeResult, StoreUnavailable, get_store
 
 logger = logging.getLogger("django_idempotency")
@@ -82,7 +83,8 @@ def purge_expired_records(
         _count(report.batches, "batch", "batches"),
         batch_size,
     )
-    observe_purge(report)
+    # send_robust: a receiver that raises is logged by Django; the purge has happened anyway.
+    signals.purged.send_robust(sender=PurgeReport, report=report, namespace=namespace)
     return report
 
 
@@ -95,14 +97,6 @@ def unreachable(exc: Exception, done: PurgeResult) -> StoreUnavailable:
         f"The database holding idempotency records cannot be reached: {reason}. "
         f"{so_far}Retry the purge when the database is back."
     )
-
-
-def observe_purge(report: PurgeReport) -> None:
-    """Told about each finished purge, dry runs included.
-
-    Does nothing: `django_idempotency.contrib.prometheus` replaces it to count the deleted
-    records and time the purge when prometheus_client is installed.
-    """
 
 
 def _count(number: int, singular: str, plural: str | None = None) -> str:

@@ -1,9 +1,11 @@
-"""Signals sent as a key is claimed, replayed, refused or released, by views, functions and tasks.
+"""Signals for each outcome of a key, each lookup of the cache tier and each purge.
 
-Every signal is sent with ``sender=Attempt`` and the keyword arguments ``request`` (the
-``HttpRequest``, None for functions and tasks), ``namespace``, ``owner``, ``key`` and ``duration``
-(seconds the store took to decide, None for ``completed`` and ``released``). Receivers run in the
-request's thread: keep them quick. One that raises is logged and never fails the request.
+The outcome signals (`BY_OUTCOME`) are sent by views, functions and tasks with ``sender=Attempt``
+and the keyword arguments ``request`` (the ``HttpRequest``, None for functions and tasks),
+``namespace``, ``owner``, ``key`` and ``duration`` (seconds the store took to decide, None for
+``completed`` and ``released``). ``cache_lookup`` and ``purged`` carry their own arguments, below.
+Receivers run in the caller's thread: keep them quick. One that raises is logged and never fails
+the request, the call or the purge.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ mismatch = Signal()  # The key was used for a different request or payload (422)
 completed = Signal()  # The result was stored and will be replayed to every retry.
 released = Signal()  # Nothing was stored; the key is free for a retry.
 
-# Every signal by the outcome name the logs and metrics use.
+# Every outcome signal by the outcome name the logs and metrics use.
 BY_OUTCOME: dict[str, Signal] = {
     "claimed": claimed,
     "replayed": replayed,
@@ -26,3 +28,11 @@ BY_OUTCOME: dict[str, Signal] = {
     "completed": completed,
     "released": released,
 }
+
+# Each lookup of the cache tier, with sender=CacheTier, `hit` (True: the cache answered; False:
+# the store did, as the key was not cached, its copy had expired or the cache failed) and
+# `namespace`. Sent on every keyed request, so receivers are cached per sender.
+cache_lookup = Signal(use_caching=True)
+# Each finished purge, dry runs included, with sender=PurgeReport, `report` (the PurgeReport)
+# and `namespace` (the one purged, None for all).
+purged = Signal()

@@ -20,11 +20,11 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 import tests
-from django_idempotency import purge, signals
+from django_idempotency import signals
 from django_idempotency.conf import conf
 from django_idempotency.contrib import prometheus
-from django_idempotency.contrib.prometheus import metrics as prometheus_metrics
-from django_idempotency.stores import cache
+from django_idempotency.purge import purge_expired_records
+from django_idempotency.stores.cache import CacheTier
 from tests.factories import IdempotencyRecordFactory
 from tests.utils import clear_own_keys, fingerprint_of, post, redis_caches
 
@@ -33,6 +33,7 @@ URL = "/function/charges/"
 PREFIX = "django_idempotency_"
 OUTCOMES = PREFIX + "outcomes_total"
 CHECKS = PREFIX + "check_duration_seconds"
+UID = "django_idempotency.contrib.prometheus."  # The dispatch_uid prefix of its receivers.
 
 Delta = Callable[..., float]
 
@@ -140,7 +141,7 @@ def test_idempotency_metrics_false_counts_nothing(delta: Delta) -> None:
         post(client, URL)
         post(client, URL)
 
-        prometheus_metrics.observe_lookup(True)  # What the cache tier calls.
+        signals.cache_lookup.send_robust(sender=CacheTier, hit=True, namespace="default")
 
     assert outcomes(delta) == {}
     assert delta(CHECKS + "_count", namespace="default") == 0
@@ -235,6 +236,40 @@ def test_a_dry_run_counts_nothing(leftovers: None, delta: Delta) -> None:
     assert delta(PURGE_SECONDS + "_count") == 0
 
 
+@pytest.mark.django_db
+@pytest.mark.usefixtures("leftovers")
+def test_idempotency_metrics_false_counts_no_purge(delta: Delta) -> None:
+    with override_settings(IDEMPOTENCY_METRICS=False):
+        purge_expired_records()
+
+    assert delta(PURGED, kind="expired") == delta(PURGE_SECONDS + "_count") == 0
+
+
+def broken_receiver(sender: object, **kwargs: object) -> None:
+    raise RuntimeError("the statsd host is gone")
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("leftovers")
+def test_a_failing_receiver_of_another_library_stops_no_metric(delta: Delta) -> None:
+    # Connected first, so it raises before the metrics' receivers run.
+    for signal, name in ((signals.purged, "purged"), (signals.cache_lookup, "cache_lookup")):
+        signal.disconnect(dispatch_uid=UID + name)
+        signal.connect(broken_receiver)
+    prometheus.install()
+    try:
+        report = purge_expired_records()
+        signals.cache_lookup.send_robust(sender=CacheTier, hit=False, namespace="default")
+    finally:
+        signals.purged.disconnect(broken_receiver)
+        signals.cache_lookup.disconnect(broken_receiver)
+
+    assert report.total == 5
+    assert delta(PURGED, kind="expired") == 3
+    assert delta(PURGE_SECONDS + "_count") == 1
+    assert delta(MISSES) == 1
+
+
 # Registration.
 
 
@@ -255,15 +290,20 @@ def test_metrics_are_named_prefixed_and_documented() -> None:
 
 def test_running_ready_again_registers_and_connects_nothing_twice() -> None:
     registered = prometheus.get_metrics()
-    receivers = {name: len(signal.receivers) for name, signal in signals.BY_OUTCOME.items()}
+    every_signal = {
+        **signals.BY_OUTCOME,
+        "cache_lookup": signals.cache_lookup,
+        "purged": signals.purged,
+    }
+    receivers = {name: len(signal.receivers) for name, signal in every_signal.items()}
 
     apps.get_app_config("django_idempotency").ready()
     prometheus.install()
 
     assert prometheus.get_metrics() is registered
-    assert {name: len(s.receivers) for name, s in signals.BY_OUTCOME.items()} == receivers
-    assert cache.observe_lookup is prometheus_metrics.observe_lookup
-    assert purge.observe_purge is prometheus_metrics.observe_purge
+    assert {name: len(s.receivers) for name, s in every_signal.items()} == receivers
+    uids = {uid for signal in every_signal.values() for (uid, _), *_ in signal.receivers}
+    assert {UID + name for name in every_signal} <= uids
 
 
 WITHOUT_PROMETHEUS = textwrap.dedent(
@@ -278,8 +318,7 @@ WITHOUT_PROMETHEUS = textwrap.dedent(
     django.setup()
     call_command("migrate", run_syncdb=True, verbosity=0)
 
-    from django_idempotency import purge, signals
-    from django_idempotency.stores import cache
+    from django_idempotency import signals
 
     client = Client()
     headers = {"Idempotency-Key": "key-1"}
@@ -290,7 +329,10 @@ WITHOUT_PROMETHEUS = textwrap.dedent(
     call_command("idempotency_purge", verbosity=0)
     uids = [
         str(lookup_key)
-        for signal in (signals.claimed, signals.replayed, signals.completed, signals.released)
+        for signal in (
+            signals.claimed, signals.replayed, signals.completed, signals.released,
+            signals.cache_lookup, signals.purged,
+        )
         for lookup_key, *_ in signal.receivers
     ]
     print(json.dumps({
@@ -301,7 +343,6 @@ WITHOUT_PROMETHEUS = textwrap.dedent(
             if module is not None and "prometheus" in name
         ),
         "prometheus_receivers": [uid for uid in uids if "prometheus" in uid],
-        "hooks": [cache.observe_lookup.__module__, purge.observe_purge.__module__],
     }))
     """
 )
@@ -328,7 +369,6 @@ def test_without_prometheus_client_nothing_is_imported_or_connected(tmp_path: Pa
     assert report["replayed"] == "true"
     assert report["loaded"] == []
     assert report["prometheus_receivers"] == []
-    assert report["hooks"] == ["django_idempotency.stores.cache", "django_idempotency.purge"]
 
 
 def test_idempotency_metrics_defaults_to_true() -> None:

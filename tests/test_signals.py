@@ -1,19 +1,30 @@
-"""Signals: each carries the request (None outside HTTP); a failing receiver fails nothing."""
+"""Signals: each carries the request (None outside HTTP); a failing receiver fails nothing.
+
+Also the cache tier's hit or miss and the purge report, which metrics of any kind can count.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.cache import caches
+from django.core.management import call_command
 from django.dispatch import Signal
 from django.http import HttpRequest
-from django.test import Client
+from django.test import Client, override_settings
+from django.utils import timezone
 
 from django_idempotency import idempotent_function, signals
+from django_idempotency.purge import PurgeReport, purge_expired_records
+from django_idempotency.stores.cache import CacheTier
+from tests.factories import IdempotencyRecordFactory
 from tests.models import Charge
-from tests.utils import ViewKind, post
+from tests.utils import ViewKind, post, redis_caches
 
 
 @pytest.fixture
@@ -119,3 +130,154 @@ def test_a_failing_receiver_never_fails_the_request_and_is_logged(
 @pytest.mark.usefixtures("broken_receivers")
 def test_a_failing_receiver_never_fails_an_idempotent_function() -> None:
     assert send_invoice("inv-2") == send_invoice("inv-2") == "sent inv-2"
+
+
+# The cache tier and purges.
+
+
+@pytest.fixture
+def cache_tier() -> Iterator[None]:
+    """The cache tier on a local-memory cache of its own, empty at the start."""
+    locmem = "django.core.cache.backends.locmem.LocMemCache"
+    with override_settings(
+        CACHES={
+            "default": {"BACKEND": locmem},
+            "idempotency": {"BACKEND": locmem, "LOCATION": "tier"},
+        },
+        IDEMPOTENCY_CACHE="idempotency",
+    ):
+        caches["idempotency"].clear()
+        yield
+
+
+def connected_to(signal: Signal) -> Iterator[list[tuple[Any, dict[str, Any]]]]:
+    """(sender, keyword arguments) of every `signal` sent while the fixture is in use."""
+    seen: list[tuple[Any, dict[str, Any]]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        seen.append((sender, kwargs))
+
+    signal.connect(receiver)
+    yield seen
+    signal.disconnect(receiver)
+
+
+@pytest.fixture
+def lookups() -> Iterator[list[tuple[Any, dict[str, Any]]]]:
+    yield from connected_to(signals.cache_lookup)
+
+
+@pytest.fixture
+def purges() -> Iterator[list[tuple[Any, dict[str, Any]]]]:
+    yield from connected_to(signals.purged)
+
+
+def hits(lookups: list[tuple[Any, dict[str, Any]]]) -> list[tuple[bool, str]]:
+    return [(kwargs["hit"], kwargs["namespace"]) for _, kwargs in lookups]
+
+
+@pytest.mark.django_db(transaction=True)  # Records reach the cache after their commit.
+@pytest.mark.usefixtures("cache_tier")
+def test_each_lookup_of_the_cache_tier_signals_a_hit_or_a_miss(
+    client: Client, lookups: list[tuple[Any, dict[str, Any]]]
+) -> None:
+    post(client, "/function/charges/")  # A new key: a miss.
+    assert post(client, "/function/charges/")["Idempotent-Replayed"] == "true"
+    assert post(client, "/function/charges/", {"amount": 2}).status_code == 422
+    post(client, "/viewset/charges/refund/")
+
+    assert hits(lookups) == [
+        (False, "default"),
+        (True, "default"),  # The replay, from the cache.
+        (True, "default"),  # The mismatch, from the cache too.
+        (False, "refunds"),
+    ]
+    assert {sender for sender, _ in lookups} == {CacheTier}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cache_error_signals_a_miss(
+    client: Client, lookups: list[tuple[Any, dict[str, Any]]]
+) -> None:
+    # Nothing listens on port 9: every cache call fails, and the store answers.
+    with override_settings(
+        CACHES=redis_caches("redis://127.0.0.1:9/0"), IDEMPOTENCY_CACHE="idempotency"
+    ):
+        post(client, "/function/charges/")
+        assert post(client, "/function/charges/")["Idempotent-Replayed"] == "true"
+
+    assert hits(lookups) == [(False, "default"), (False, "default")]
+
+
+@pytest.mark.django_db
+def test_without_the_cache_tier_no_lookup_is_signalled(
+    client: Client, lookups: list[tuple[Any, dict[str, Any]]]
+) -> None:
+    post(client, "/function/charges/")
+    post(client, "/function/charges/")
+
+    assert lookups == []
+
+
+@pytest.fixture
+def leftovers() -> None:
+    past = timezone.now() - timedelta(minutes=5)
+    IdempotencyRecordFactory.create_batch(3, expires_at=past)
+    IdempotencyRecordFactory.create_batch(2, in_progress=True, lease_expires_at=past)
+    IdempotencyRecordFactory(namespace="refunds", expires_at=past)
+    IdempotencyRecordFactory()  # Live: never purged.
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("leftovers")
+def test_a_purge_signals_its_report(purges: list[tuple[Any, dict[str, Any]]]) -> None:
+    report = purge_expired_records(batch_size=2)
+
+    assert purges == [
+        (PurgeReport, {"signal": signals.purged, "report": report, "namespace": None})
+    ]
+    assert (report.expired, report.abandoned, report.total) == (4, 2, 6)
+    assert report.batches >= 3
+    assert not report.dry_run
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("leftovers")
+def test_a_dry_run_and_a_namespace_are_in_the_signal(
+    purges: list[tuple[Any, dict[str, Any]]],
+) -> None:
+    call_command("idempotency_purge", "--dry-run", stdout=StringIO())
+    call_command("idempotency_purge", "--namespace", "refunds", stdout=StringIO())
+
+    dry, refunds = (kwargs for _, kwargs in purges)
+    assert (dry["report"].dry_run, dry["report"].total, dry["namespace"]) == (True, 6, None)
+    assert (refunds["report"].dry_run, refunds["report"].expired) == (False, 1)
+    assert refunds["namespace"] == "refunds"
+
+
+@pytest.fixture
+def broken_store_receivers() -> Iterator[None]:
+    for signal in (signals.cache_lookup, signals.purged):
+        signal.connect(broken_receiver)
+    yield
+    for signal in (signals.cache_lookup, signals.purged):
+        signal.disconnect(broken_receiver)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("cache_tier", "broken_store_receivers", "leftovers")
+def test_a_failing_receiver_never_fails_a_lookup_or_a_purge_and_is_logged(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="django.dispatch"):
+        first = post(client, "/viewset/charges/")
+        retry = post(client, "/viewset/charges/")  # From the cache.
+        report = purge_expired_records()
+
+    assert first.status_code == retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
+    assert report.total == 6
+    failures = [record for record in caplog.records if record.name == "django.dispatch"]
+    assert len(failures) == 3  # The miss, the hit and the purge.
+    assert all("broken_receiver" in record.getMessage() for record in failures)

@@ -12,6 +12,7 @@ from datetime import datetime
 from django.core.cache import caches
 from django.core.cache.backends.base import BaseCache
 
+from django_idempotency import signals
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
 from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult
 
@@ -47,12 +48,12 @@ class CacheTier(BaseStore):
             cached: CachedRecord | None = self.cache.get(cache_key(request.scope))
         except Exception as exc:  # Any backend, any failure: the store of record answers.
             _warn_quietly("Idempotency cache unavailable, using the store: %s", exc)
-            observe_lookup(False)
+            _announce_lookup(request, hit=False)
             return self.inner.lookup(request)  # No copy either: the cache is down.
         if cached is None or cached[1] <= request.now.timestamp():
-            observe_lookup(False)
+            _announce_lookup(request, hit=False)
             return self._copied(self.inner.lookup(request))
-        observe_lookup(True)
+        _announce_lookup(request, hit=True)
         identity, _, status, reason, headers, body = cached
         if identity != (request.fingerprint, request.method, request.path):
             return Claim(Outcome.MISMATCH)
@@ -153,12 +154,14 @@ class CacheTier(BaseStore):
             _warn_quietly("Could not copy a record to the idempotency cache: %s", exc)
 
 
-def observe_lookup(hit: bool) -> None:
-    """Told whether each lookup was answered by the cache (a hit) or fell through (a miss).
-
-    Does nothing: `django_idempotency.contrib.prometheus` replaces it with a counter when
-    prometheus_client is installed, so the lookup pays one function call either way.
-    """
+def _announce_lookup(request: ClaimRequest, *, hit: bool) -> None:
+    # Every replay passes here. With nothing connected, this check costs a tenth of calling
+    # send_robust only to have it return (measured: tens of nanoseconds against a few hundred).
+    if signals.cache_lookup.receivers:
+        # send_robust: a receiver that raises is logged by Django and never fails the lookup.
+        signals.cache_lookup.send_robust(
+            sender=CacheTier, hit=hit, namespace=request.scope.namespace
+        )
 
 
 _QUIET_SECONDS = 10.0

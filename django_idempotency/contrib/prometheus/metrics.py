@@ -11,9 +11,9 @@ from prometheus_client import Counter, Histogram
 
 from django_idempotency import purge, signals
 from django_idempotency.conf import conf
-from django_idempotency.stores import cache
 
 PREFIX = "django_idempotency_"
+UID_PREFIX = "django_idempotency.contrib.prometheus."
 
 # A cache hit takes well under a millisecond, a claim on PostgreSQL a few; the top buckets catch
 # a slow store and duplicates that wait (on_conflict="wait").
@@ -104,19 +104,19 @@ def _register() -> Metrics:
 
 
 def install() -> None:
-    """Feed the metrics from the signals and the store hooks; running it again changes nothing.
+    """Connect the metrics to the signals; running it again changes nothing (dispatch_uid).
 
-    Every feed checks IDEMPOTENCY_METRICS on each event, so `override_settings` applies, and
+    Every receiver checks IDEMPOTENCY_METRICS on each event, so `override_settings` applies, and
     nothing is registered while it is False.
     """
     for outcome, signal in signals.BY_OUTCOME.items():
         signal.connect(
             _outcome_receiver(outcome),
             weak=False,
-            dispatch_uid=f"django_idempotency.contrib.prometheus.{outcome}",
+            dispatch_uid=f"{UID_PREFIX}{outcome}",
         )
-    cache.observe_lookup = observe_lookup
-    purge.observe_purge = observe_purge
+    signals.cache_lookup.connect(count_lookup, weak=False, dispatch_uid=f"{UID_PREFIX}cache_lookup")
+    signals.purged.connect(count_purge, weak=False, dispatch_uid=f"{UID_PREFIX}purged")
 
 
 def _outcome_receiver(outcome: str) -> Callable[..., None]:
@@ -141,13 +141,13 @@ def _outcome_receiver(outcome: str) -> Callable[..., None]:
     return receive
 
 
-def observe_lookup(hit: bool) -> None:
+def count_lookup(sender: Any, *, hit: bool, **kwargs: Any) -> None:
     if conf.METRICS:
         metrics = get_metrics()
         (metrics.cache_hits if hit else metrics.cache_misses).inc()
 
 
-def observe_purge(report: purge.PurgeReport) -> None:
+def count_purge(sender: Any, *, report: purge.PurgeReport, **kwargs: Any) -> None:
     if report.dry_run or not conf.METRICS:
         return  # A dry run deletes nothing; its time is that of a count.
     metrics = get_metrics()
