@@ -9,10 +9,11 @@ from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from django_idempotency.conf import Mode, OnConflict
-from django_idempotency.http import guard
+from django_idempotency.http import frameworks, guard
 from django_idempotency.http.options import Options
 from django_idempotency.http.requests import is_request
 
@@ -93,56 +94,41 @@ def idempotency_exempt(view: View) -> View:
 
 
 def guarded(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
-    """`func` run through the guard with these options: the decorator's work, minus checks."""
+    """`func` run through the guard with these options: the decorator's work, minus checks.
+
+    A handler given a framework's request rather than Django's (a DRF handler) is guarded by
+    that framework, through `http.frameworks`, which knows how it renders and reports errors.
+    """
     if inspect.iscoroutinefunction(func):
 
         async def run_async(*args: Any, **kwargs: Any) -> HttpResponseBase:
-            view_instance, request = _view_and_request(args)
-            return await guard.run_async(
-                lambda: func(*args, **kwargs), request, options, view_instance
+            view, request = _view_and_request(args)
+            if isinstance(request, HttpRequest):
+                return await guard.run_async(lambda: func(*args, **kwargs), request, options, view)
+            return await frameworks.framework().run_async(
+                lambda: func(*args, **kwargs), request, options, view
             )
 
         return run_async
 
     def run(*args: Any, **kwargs: Any) -> HttpResponseBase:
-        view_instance, request = _view_and_request(args)
-        return guard.run(
-            lambda: func(*args, **kwargs),
-            request,
-            options,
-            view_instance,
-            _drf_finalizer(view_instance, request, args, kwargs),
+        view, request = _view_and_request(args)
+        if isinstance(request, HttpRequest):
+            return guard.run(lambda: func(*args, **kwargs), request, options, view)
+        return frameworks.framework().run(
+            lambda: func(*args, **kwargs), request, options, view, args, kwargs
         )
 
     return run
 
 
 def _view_and_request(args: tuple[Any, ...]) -> tuple[Any, Any]:
-    """Function views get (request, ...); methods get (self, request, ...)."""
+    """Function views get (request, ...), and no view; methods get (self, request, ...)."""
     if args and is_request(args[0]):
-        request = args[0]
-        # A DRF handler knows its view through the request, e.g. an @api_view function.
-        context = getattr(request, "parser_context", None) or {}
-        return context.get("view"), request
+        return None, args[0]
     if len(args) >= 2 and is_request(args[1]):
         return args[0], args[1]
     raise ImproperlyConfigured(
         "@idempotent must decorate a view: a callable taking the request first, or a view "
         "method taking (self, request)."
     )
-
-
-def _drf_finalizer(
-    view: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> guard.Finalize | None:
-    """DRF renders in finalize_response, after the handler: do it early to store the bytes."""
-    finalize_response = getattr(view, "finalize_response", None)
-    if finalize_response is None or not hasattr(request, "accepted_renderer"):
-        return None
-    url_args = args[1:] if args and args[0] is view else args
-    url_args = url_args[1:]  # Drop the request itself.
-
-    def finalize(response: HttpResponseBase) -> HttpResponseBase:
-        return finalize_response(request, response, *url_args, **kwargs)  # type: ignore[no-any-return]
-
-    return finalize

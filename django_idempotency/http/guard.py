@@ -10,22 +10,22 @@ from types import TracebackType
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import DatabaseError, ProgrammingError
-from django.http import UnreadablePostError
-from django.http.multipartparser import MultiPartParserError
 from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
 
 from django_idempotency.attempts import FIRST_DELAY, Attempt, next_delay
 from django_idempotency.conf import conf
-from django_idempotency.core.fingerprint import UnreadableBody
 from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
-from django_idempotency.exceptions import DeliveryRejected, StoreNotSupported
+from django_idempotency.exceptions import DeliveryRejected
 from django_idempotency.http import problems
 from django_idempotency.http.options import Options, Resolved, resolve
+
+# Defined in problems.py now; still importable from here, where they were.
+from django_idempotency.http.problems import BODY_ERRORS as BODY_ERRORS
+from django_idempotency.http.problems import body_problem as body_problem
 from django_idempotency.http.requests import SAFE_METHODS, django_request
 from django_idempotency.http.responses import capture, replay, without_body
 from django_idempotency.stores import StoreUnavailable
@@ -33,6 +33,8 @@ from django_idempotency.stores.connections import on_a_live_connection
 
 logger = logging.getLogger("django_idempotency")
 
+# What the view's framework does to its response once the view returns (see `http.frameworks`):
+# done before the response is stored, so that the stored bytes are the ones sent.
 Finalize = Callable[[HttpResponseBase], HttpResponseBase]
 
 
@@ -55,7 +57,8 @@ class Guard:
         force_lease: bool = False,
         poll: bool = False,
     ) -> None:
-        self.request = request
+        self.request = request  # As the view gets it: what IDEMPOTENCY_* callables are given.
+        self.http_request = django_request(request)
         self.options = options
         self.view = view
         self.finalize = finalize
@@ -78,7 +81,7 @@ class Guard:
 
     def prepare(self) -> HttpResponseBase | None:
         """A response to send instead of running the view, or None once the key is claimed."""
-        http_request = django_request(self.request)
+        http_request = self.http_request
         if http_request.method in SAFE_METHODS:
             return None
         settings = resolve(self.options, self.view)
@@ -103,14 +106,14 @@ class Guard:
             return problems.problem_response(problems.INVALID_KEY, str(exc))
         try:
             request_fingerprint = conf.FINGERPRINT(self.request)
-        except BODY_ERRORS as exc:
-            return body_problem(exc)
+        except problems.BODY_ERRORS as exc:
+            return problems.body_problem(exc)
         try:
             # Loading the session or the user may be the request's first query.
             owner = on_a_live_connection(lambda: conf.OWNER_RESOLVER(self.request))
         except DatabaseError as exc:
             logger.error("The request's owner could not be loaded: %s", exc)
-            return _unavailable()
+            return problems.store_unavailable()
         if len(owner) > MAX_OWNER_LENGTH or "\x00" in owner:
             return problems.problem_response(
                 problems.INVALID_OWNER,
@@ -126,25 +129,25 @@ class Guard:
         attempt = self.attempt = Attempt(
             atomic=settings.mode == "atomic" and not self.force_lease,
             on_conflict=settings.on_conflict,
-            request=django_request(self.request),
+            request=self.http_request,
             poll=self.poll,
         )
         try:
             claim = attempt.claim_key(
                 scope,
                 request_fingerprint,
-                method=django_request(self.request).method or "",
+                method=self.http_request.method or "",
                 path=path,
                 ttl=settings.ttl,
             )
         except StoreUnavailable as exc:
-            _log_unreachable(exc)
-            return _unavailable()
+            problems.log_unreachable(exc)
+            return problems.store_unavailable()
         except ProgrammingError:
             # PostgreSQL reports a missing table so (SQLite as unreachable, above).
-            if not _log_unreachable(None):
+            if not problems.log_unreachable(None):
                 raise
-            return _unavailable()
+            return problems.store_unavailable()
         outcome = claim.outcome
         if outcome is Outcome.FRESH:
             return None
@@ -171,6 +174,7 @@ class Guard:
             return response
         if self.finalize is not None:
             response = self.finalize(response)
+        # A TemplateResponse renders after the view, where Django's handler checks just so.
         render = getattr(response, "render", None)
         if callable(render):
             response = render() or response
@@ -203,7 +207,7 @@ class Guard:
             attempt.complete(stored)
         except StoreUnavailable as exc:
             if attempt.atomic:  # The transaction holding the view's writes is lost with it.
-                return _unavailable()
+                return problems.store_unavailable()
             logger.error("The response could not be stored: %s", exc)
         except Exception:
             if attempt.atomic:  # The view's writes roll back with the claim: nothing happened.
@@ -217,72 +221,6 @@ class Guard:
         """The view raised: give the key back."""
         if self.attempt is not None:
             self.attempt.abort()
-
-
-# What reading a body for its fingerprint may raise, all of them the client's to correct.
-BODY_ERRORS = (
-    RequestDataTooBig,
-    TooManyFieldsSent,
-    MultiPartParserError,
-    UnreadablePostError,
-    UnreadableBody,
-)
-
-
-def body_problem(exc: Exception) -> problems.ProblemResponse:
-    """The problem answering a body that cannot be read or compared (one of BODY_ERRORS)."""
-    if isinstance(exc, RequestDataTooBig):
-        return problems.problem_response(
-            problems.REQUEST_TOO_LARGE, "The request body exceeds the server's upload limit."
-        )
-    if isinstance(exc, TooManyFieldsSent):
-        return problems.problem_response(
-            problems.MALFORMED_REQUEST,
-            "The request has more form fields than the server accepts: send fewer.",
-        )
-    return problems.problem_response(problems.MALFORMED_REQUEST, str(exc))
-
-
-def shaped(response: HttpResponseBase, request: Any) -> HttpResponseBase:
-    """The guard's own answer as it leaves a view: problem+json, or, with
-    IDEMPOTENCY_ERROR_FORMAT = "drf" in a DRF view, a DRF exception for its exception handler.
-
-    Raised once the guard is done, so no transaction is open and no claim is held.
-    """
-    if (
-        isinstance(response, problems.ProblemResponse)
-        and conf.ERROR_FORMAT == "drf"
-        and django_request(request) is not request  # A DRF Request wrapping the HttpRequest.
-    ):
-        from django_idempotency.contrib.rest_framework.errors import IdempotencyProblem
-
-        raise IdempotencyProblem(response)
-    return response
-
-
-def _log_unreachable(exc: Exception | None) -> bool:
-    """Log why the store failed; True when it is because `migrate` has not created its table."""
-    # Imported here: the models cannot be imported with the package, before apps are ready.
-    from django_idempotency.schema import missing_table, missing_table_message, records_database
-
-    if isinstance(exc, StoreNotSupported):  # Its message names the database and what to do.
-        logger.error("Idempotency store unusable: %s", exc)
-        return False
-    alias = records_database()
-    if alias is not None and missing_table(alias):
-        logger.error("Idempotency store unusable: %s", missing_table_message(alias))
-        return True
-    if exc is not None:
-        logger.error("Idempotency store unreachable: %s", exc)
-    return False
-
-
-def _unavailable() -> problems.ProblemResponse:
-    return problems.problem_response(
-        problems.STORE_UNAVAILABLE,
-        "The idempotency store cannot be reached, so the request was not run: retry later.",
-        retry_after=5,
-    )
 
 
 def _store_lost(guard: Guard) -> bool:
@@ -306,16 +244,6 @@ def run(
     """Guard a synchronous view call."""
     if not conf.ENABLED:
         return call()
-    return shaped(_run(call, request, options, view, finalize), request)
-
-
-def _run(
-    call: Callable[[], HttpResponseBase],
-    request: Any,
-    options: Options,
-    view: Any,
-    finalize: Finalize | None,
-) -> HttpResponseBase:
     guard = Guard(request, options, view, finalize)
     try:
         with guard:
@@ -325,11 +253,11 @@ def _run(
             return guard.finish(call())
     except StoreUnavailable:
         # Atomic mode: the commit (or the view's own queries) lost the database; nothing was kept.
-        return _unavailable()
+        return problems.store_unavailable()
     except Exception:
         if not _store_lost(guard):
             raise
-        return _unavailable()
+        return problems.store_unavailable()
 
 
 async def run_async(
@@ -346,12 +274,6 @@ async def run_async(
     """
     if not conf.ENABLED:
         return await call()
-    return shaped(await _run_async(call, request, options, view), request)
-
-
-async def _run_async(
-    call: Callable[[], Awaitable[HttpResponseBase]], request: Any, options: Options, view: Any
-) -> HttpResponseBase:
     guard = Guard(request, options, view, force_lease=True, poll=True)
     early = await sync_to_async(guard.prepare)()
     if guard.may_wait:
@@ -400,5 +322,5 @@ async def _run_guarded(
         await sync_to_async(guard.abort)()
         if not isinstance(exc, Exception) or not _store_lost(guard):
             raise
-        return _unavailable()
+        return problems.store_unavailable()
     return await sync_to_async(guard.finish)(response)

@@ -1,13 +1,20 @@
-"""RFC 9457 problem+json responses, one stable type per kind of error."""
+"""RFC 9457 problem+json responses, one stable type per kind of error, and the guard's own."""
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 
-from django.http import HttpResponse
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.http import HttpResponse, UnreadablePostError
+from django.http.multipartparser import MultiPartParserError
 
 from django_idempotency.conf import conf
+from django_idempotency.core.fingerprint import UnreadableBody
+from django_idempotency.exceptions import StoreNotSupported
+
+logger = logging.getLogger("django_idempotency")
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
@@ -68,3 +75,53 @@ def problem_response(
 ) -> ProblemResponse:
     """A problem+json response; the body never carries stored requests or responses."""
     return ProblemResponse(kind, detail, retry_after)
+
+
+# What reading a body for its fingerprint may raise, all of them the client's to correct.
+BODY_ERRORS = (
+    RequestDataTooBig,
+    TooManyFieldsSent,
+    MultiPartParserError,
+    UnreadablePostError,
+    UnreadableBody,
+)
+
+
+def body_problem(exc: Exception) -> ProblemResponse:
+    """The problem answering a body that cannot be read or compared (one of BODY_ERRORS)."""
+    if isinstance(exc, RequestDataTooBig):
+        return problem_response(
+            REQUEST_TOO_LARGE, "The request body exceeds the server's upload limit."
+        )
+    if isinstance(exc, TooManyFieldsSent):
+        return problem_response(
+            MALFORMED_REQUEST,
+            "The request has more form fields than the server accepts: send fewer.",
+        )
+    return problem_response(MALFORMED_REQUEST, str(exc))
+
+
+def store_unavailable() -> ProblemResponse:
+    """The answer when the store cannot be reached, and so the view was not run."""
+    return problem_response(
+        STORE_UNAVAILABLE,
+        "The idempotency store cannot be reached, so the request was not run: retry later.",
+        retry_after=5,
+    )
+
+
+def log_unreachable(exc: Exception | None) -> bool:
+    """Log why the store failed; True when it is because `migrate` has not created its table."""
+    # Imported here: the models cannot be imported with the package, before apps are ready.
+    from django_idempotency.schema import missing_table, missing_table_message, records_database
+
+    if isinstance(exc, StoreNotSupported):  # Its message names the database and what to do.
+        logger.error("Idempotency store unusable: %s", exc)
+        return False
+    alias = records_database()
+    if alias is not None and missing_table(alias):
+        logger.error("Idempotency store unusable: %s", missing_table_message(alias))
+        return True
+    if exc is not None:
+        logger.error("Idempotency store unreachable: %s", exc)
+    return False

@@ -1,4 +1,4 @@
-"""Read a Django (or DRF) request: its key header, its fingerprint, its owner."""
+"""Read a Django request, or a framework's wrapping one: its fingerprint, its kept body."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ from django_idempotency.conf import conf
 from django_idempotency.core.fingerprint import (
     canonical_body,
     canonical_form,
-    canonical_json,
     canonical_multipart,
     fingerprint,
-    is_json_media_type,
 )
+from django_idempotency.http import frameworks
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _FORM = "application/x-www-form-urlencoded"
@@ -25,15 +24,21 @@ _MULTIPART = "multipart/form-data"
 
 
 def django_request(request: Any) -> HttpRequest:
-    """The underlying `HttpRequest`, whether given that or a DRF `Request` wrapping it."""
-    inner = getattr(request, "_request", None)
-    return inner if isinstance(inner, HttpRequest) else request
+    """The underlying `HttpRequest`, whether given that or a framework's request wrapping it
+    (a DRF `Request`: see `http.frameworks`)."""
+    if isinstance(request, HttpRequest):
+        return request
+    framework = frameworks.current
+    inner = None if framework is None else framework.http_request(request)
+    return request if inner is None else inner
 
 
 def is_request(value: Any) -> bool:
-    return isinstance(value, HttpRequest) or isinstance(
-        getattr(value, "_request", None), HttpRequest
-    )
+    """An HttpRequest, or a framework's request wrapping one."""
+    if isinstance(value, HttpRequest):
+        return True
+    framework = frameworks.current
+    return framework is not None and framework.http_request(value) is not None
 
 
 def request_fingerprint(request: Any) -> str:
@@ -53,29 +58,16 @@ def request_fingerprint(request: Any) -> str:
         raw = _readable_body(http_request)
         if raw is not None:
             body = canonical_body(media_type, raw, ignore)
-        elif request is not http_request:  # A DRF parser consumed the stream.
-            body = _canonical_parsed(media_type, request.data)
+        elif request is not http_request:  # The framework's parser consumed the stream.
+            body = frameworks.framework().parsed_body(request, media_type)
         else:
             body = b""
     return fingerprint(http_request.method or "", http_request.get_full_path(), body)
 
 
-def _canonical_parsed(media_type: str, data: Any) -> bytes:
-    """What a DRF parser made of a body whose bytes are gone, in canonical form."""
-    ignore = conf.FINGERPRINT_IGNORE_FIELDS
-    if isinstance(data, bytes):  # A raw parser's output is the body itself.
-        return canonical_body(media_type, data, ignore)
-    if is_json_media_type(media_type) and isinstance(data, dict) and ignore:
-        data = {name: item for name, item in data.items() if name not in ignore}
-    try:
-        return canonical_json(data)
-    except (TypeError, ValueError):  # Not JSON data: its text is the best there is.
-        return repr(data).encode()
-
-
 def keep_body_readable(http_request: HttpRequest) -> None:
-    """Read and keep a body that fits in memory before a parser may consume its stream (DRF's
-    CSRF check parses `request.data`), so the fingerprint sees its exact bytes."""
+    """Read and keep a body that fits in memory before a framework's parser may consume its
+    stream (as DRF's CSRF check does), so the fingerprint sees its exact bytes."""
     if not _stream_read(http_request) and _fits_in_memory(http_request):
         http_request.body  # noqa: B018 - reading it is the point.
 
@@ -100,7 +92,7 @@ def _canonical_form(request: Any, http_request: HttpRequest) -> bytes:
     raw = _readable_body(http_request)
     if http_request.method == "POST":
         data = http_request.POST
-    elif raw is None:  # A parser (DRF's) read the stream first: compare what it parsed.
+    elif raw is None:  # A parser (a framework's) read the stream first: compare what it parsed.
         data = request.POST
     else:
         try:
@@ -120,11 +112,11 @@ def _canonical_multipart(request: Any, http_request: HttpRequest) -> bytes:
     else:
         if raw is None and http_request.method != "POST" and not _stream_read(http_request):
             # Too large to hold: parse from the stream as Django does for a POST, and keep the
-            # result where Django and DRF look for it.
+            # result where Django (and a framework reading its request) looks for it.
             parsed = http_request.parse_file_upload(http_request.META, http_request)
             http_request._post, http_request._files = parsed  # type: ignore[attr-defined]
         # A POST's form as Django parsed it, from the kept body or from the stream (CSRF reads
-        # it first); otherwise what a parser (DRF's) that consumed the stream made of it.
+        # it first); otherwise what a parser (a framework's) that consumed the stream made of it.
         source = http_request if http_request.method == "POST" else request
         data, uploads = source.POST, source.FILES
     files = []
