@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Collection
 from datetime import timedelta
 from functools import cached_property, lru_cache
@@ -12,17 +11,22 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from django_idempotency.core.keys import KEY_FORMATS, MAX_NAMESPACE_LENGTH, KeyFormat
+from django_idempotency.core.keys import KEY_FORMATS, KeyFormat
+
+# Re-exported: the settings share the options' vocabulary and checks, long imported from here.
+from django_idempotency.options import HEADER_NAME as HEADER_NAME
+from django_idempotency.options import MODES as MODES
+from django_idempotency.options import ON_CONFLICT as ON_CONFLICT
+from django_idempotency.options import OPTION
+from django_idempotency.options import Mode as Mode
+from django_idempotency.options import OnConflict as OnConflict
+from django_idempotency.options import choice as choice
+from django_idempotency.options import to_bool as to_bool
+from django_idempotency.options import to_timedelta as to_timedelta
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
-Mode = Literal["atomic", "lease"]
-OnConflict = Literal["reject", "wait"]
-MODES: tuple[Mode, ...] = ("atomic", "lease")
-# An RFC 9110 field-name: a token of visible ASCII letters, digits and these symbols.
-HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-ON_CONFLICT: tuple[OnConflict, ...] = ("reject", "wait")
 # The settings naming a callable or class by its dotted path, and what each defaults to.
 DEFAULT_PATHS = {
     "OWNER_RESOLVER": "django_idempotency.http.owners.authenticated_user",
@@ -36,29 +40,6 @@ DEFAULT_PROBLEM_BASE_URL = "tag:django-idempotency.github.io,2026:"
 MAX_STORED_BYTES = 1024 * 1024  # A response body larger than this is not kept for replays.
 
 
-def to_timedelta(value: timedelta | float, name: str) -> timedelta:
-    """Durations are a `timedelta` or a number of seconds."""
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return timedelta(seconds=value)
-    raise ImproperlyConfigured(f"{name} must be a timedelta or a number of seconds, not {value!r}.")
-
-
-def to_bool(value: Any, name: str) -> bool:
-    """A switch must be True or False: `bool("false")` is True, the surprise this prevents."""
-    if isinstance(value, bool):
-        return value
-    raise ImproperlyConfigured(
-        f"{name} must be True or False, not {value!r}"
-        + (
-            ": a string is not read as a boolean (parse an environment variable yourself)."
-            if isinstance(value, str)
-            else "."
-        )
-    )
-
-
 def to_byte_count(value: Any, name: str) -> int | None:
     """A size in bytes: an int of zero or more, or None for no limit."""
     if value is None or (type(value) is int and value >= 0):
@@ -66,46 +47,6 @@ def to_byte_count(value: Any, name: str) -> int | None:
     raise ImproperlyConfigured(
         f"{name} must be a number of bytes (an int of 0 or more) or None, not {value!r}."
     )
-
-
-def choice(value: str, allowed: tuple[str, ...], name: str) -> str:
-    if value not in allowed:
-        raise ImproperlyConfigured(f"{name} must be one of {', '.join(allowed)}; got {value!r}.")
-    return value
-
-
-def check_options(
-    mode: str | None,
-    on_conflict: str | None,
-    ttl: timedelta | float | None,
-    *,
-    namespace: str | None = None,
-    header: str | None = None,
-    required: bool | None = None,
-) -> None:
-    """Validate a decorator's options when it is applied, not on the first request or call."""
-    if required is not None:
-        to_bool(required, "required")
-    if mode is not None:
-        choice(mode, MODES, "mode")
-    if on_conflict is not None:
-        choice(on_conflict, ON_CONFLICT, "on_conflict")
-    if ttl is not None and to_timedelta(ttl, "ttl") <= timedelta(0):
-        # Every record would expire as it is claimed, and each retry would run the view again.
-        raise ImproperlyConfigured(f"ttl must be more than zero seconds, not {ttl!r}.")
-    if namespace is not None and (
-        not isinstance(namespace, str) or len(namespace) > MAX_NAMESPACE_LENGTH
-    ):
-        raise ImproperlyConfigured(
-            f"namespace must be a string of at most {MAX_NAMESPACE_LENGTH} characters, "
-            f"not {namespace!r}."
-        )
-    if header is not None and (not isinstance(header, str) or not HEADER_NAME.fullmatch(header)):
-        # A name no client can send would make every key silently missing.
-        raise ImproperlyConfigured(
-            f"header {header!r} is not an HTTP header name: use letters, digits and - "
-            "(e.g. Idempotency-Key, webhook-id)."
-        )
 
 
 def load_callable(value: str | Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -137,6 +78,13 @@ class Settings:
     def _get(self, name: str, default: Any) -> Any:
         return getattr(django_settings, name, default)
 
+    def _option(self, name: str) -> tuple[Any, str]:
+        """The setting the option `name` falls back to: its value (else the option's default)
+        and its name, for messages. The options table declares both."""
+        option = OPTION[name]
+        assert option.setting is not None
+        return self._get(option.setting, option.default), option.setting
+
     def reload(self) -> None:
         """Forget every value read so far."""
         self.__dict__.clear()
@@ -147,7 +95,8 @@ class Settings:
 
     @cached_property
     def HEADER(self) -> str:
-        return str(self._get("IDEMPOTENCY_HEADER", "Idempotency-Key"))
+        value, _ = self._option("header")
+        return str(value)
 
     @cached_property
     def METHODS(self) -> tuple[str, ...]:
@@ -156,22 +105,23 @@ class Settings:
 
     @cached_property
     def REQUIRED(self) -> bool:
-        return to_bool(self._get("IDEMPOTENCY_REQUIRED", False), "IDEMPOTENCY_REQUIRED")
+        value, setting = self._option("required")
+        return to_bool(value, setting)
 
     @cached_property
     def TTL(self) -> timedelta:
-        return to_timedelta(self._get("IDEMPOTENCY_TTL", timedelta(hours=24)), "IDEMPOTENCY_TTL")
+        value, setting = self._option("ttl")
+        return to_timedelta(value, setting)
 
     @cached_property
     def MODE(self) -> Mode:
-        return cast(
-            Mode, choice(self._get("IDEMPOTENCY_MODE", "atomic"), MODES, "IDEMPOTENCY_MODE")
-        )
+        value, setting = self._option("mode")
+        return cast(Mode, choice(value, MODES, setting))
 
     @cached_property
     def ON_CONFLICT(self) -> OnConflict:
-        value = self._get("IDEMPOTENCY_ON_CONFLICT", "reject")
-        return cast(OnConflict, choice(value, ON_CONFLICT, "IDEMPOTENCY_ON_CONFLICT"))
+        value, setting = self._option("on_conflict")
+        return cast(OnConflict, choice(value, ON_CONFLICT, setting))
 
     @cached_property
     def LEASE(self) -> timedelta:
@@ -183,7 +133,8 @@ class Settings:
 
     @cached_property
     def NAMESPACE(self) -> str:
-        return str(self._get("IDEMPOTENCY_NAMESPACE", "default"))
+        value, _ = self._option("namespace")
+        return str(value)
 
     @cached_property
     def KEY_FORMAT(self) -> KeyFormat | None:

@@ -12,13 +12,7 @@ from typing import Any, TypeVar, cast
 from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency.attempts import Attempt
-from django_idempotency.conf import (
-    Mode,
-    OnConflict,
-    check_options,
-    conf,
-    to_timedelta,
-)
+from django_idempotency.conf import conf
 from django_idempotency.core.fingerprint import canonical_json, fingerprint
 from django_idempotency.core.keys import (
     MAX_KEY_LENGTH,
@@ -28,6 +22,7 @@ from django_idempotency.core.keys import (
 )
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.exceptions import KeyInProgress, KeyMismatch
+from django_idempotency.options import Mode, OnConflict, check_options, to_timedelta
 from django_idempotency.results import ResultSerializer, serializer_for
 
 Func = TypeVar("Func", bound=Callable[..., Any])
@@ -59,7 +54,7 @@ class RunOptions:
     serializer: ResultSerializer | None = None
 
     def __post_init__(self) -> None:
-        check_options(self.mode, self.on_conflict, self.ttl)
+        check_options(ttl=self.ttl, mode=self.mode, on_conflict=self.on_conflict)
 
 
 def namespace_of(namespace: str | None, label: str, decorator: str) -> str:

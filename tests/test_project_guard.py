@@ -23,6 +23,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import idempotency_exempt, idempotent, signals
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
+from django_idempotency.exceptions import DeliveryRejected
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import UserFactory
 from tests.models import Charge
@@ -64,6 +65,13 @@ class OwnOptionsAPIView(PlainAPIView):
     idempotency_namespace = "own"
     idempotency_required = False
     idempotent_methods = ("POST",)
+
+
+class VerifiedAPIView(PlainAPIView):
+    @staticmethod
+    def idempotency_verify(request: Any) -> None:
+        if request.headers.get("X-Signature") != "good":
+            raise DeliveryRejected("The signature does not match the body.")
 
 
 class PrivateAPIView(PlainAPIView):
@@ -138,6 +146,7 @@ urlpatterns = [
     path("drf/exempt/", ExemptAPIView.as_view()),
     path("drf/partly-exempt/", PartlyExemptAPIView.as_view()),
     path("drf/own-options/", OwnOptionsAPIView.as_view()),
+    path("drf/verified/", VerifiedAPIView.as_view()),
     path("drf/decorated/", DecoratedAPIView.as_view()),
     path("drf/decorated-api-view/", decorated_api_view),
     path("drf/private/", PrivateAPIView.as_view()),
@@ -247,6 +256,15 @@ def test_a_views_own_options_win_over_the_project_defaults(client: Client) -> No
     assert IdempotencyRecord.objects.get().namespace == "own"
 
 
+@pytest.mark.usefixtures("guard_all_views")
+def test_a_views_static_verify_method_is_called_with_the_request_alone(client: Client) -> None:
+    rejected = post(client, "/drf/verified/", key="signed", **{"X-Signature": "forged"})
+    assert_problem(rejected, 400, "delivery-rejected")
+    accepted = post(client, "/drf/verified/", key="signed", **{"X-Signature": "good"})
+    assert accepted.status_code == 201, accepted.content
+    assert Charge.objects.count() == 1
+
+
 @pytest.mark.usefixtures("guard_all_views", "middleware")
 @pytest.mark.parametrize(
     ("url", "namespace"),
@@ -322,3 +340,34 @@ def test_the_middleware_guards_async_views() -> None:
     assert first.status_code == 201
     assert retry["Idempotent-Replayed"] == "true"
     assert Charge.objects.count() == 1
+
+
+@pytest.mark.usefixtures("middleware")
+@pytest.mark.django_db(transaction=True)
+def test_served_by_wsgi_the_middleware_guards_async_views(client: Client) -> None:
+    first = send(client, "/django/async/", key="wsgi-async-1")
+    retry = send(client, "/django/async/", key="wsgi-async-1")
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.usefixtures("middleware")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("url", "runs"), [("/django/plain/", 1), ("/django/exempt/", 2)])
+def test_served_by_asgi_the_middleware_guards_sync_views_but_not_exempt_ones(
+    url: str, runs: int
+) -> None:
+    client = AsyncClient()
+    headers = {"Idempotency-Key": "asgi-sync-1"}
+
+    def send_async() -> Any:
+        return async_to_sync(client.post)(url, {"amount": 10}, "application/json", headers=headers)
+
+    first, retry = send_async(), send_async()
+
+    assert first.status_code == retry.status_code == 201
+    assert (retry.get("Idempotent-Replayed") == "true") is (runs == 1)
+    assert Charge.objects.count() == runs

@@ -16,6 +16,7 @@ from django_idempotency.checks.ids import (
 from django_idempotency.checks.stores import _atomic_on_lease_only_store, _lease_only_store
 from django_idempotency.contrib.rest_framework.mixins import IdempotencyMixin
 from django_idempotency.http.options import attribute_errors
+from django_idempotency.options import OPTION
 
 if TYPE_CHECKING:
     from django.apps import AppConfig
@@ -106,7 +107,7 @@ def _atomic_views_on_lease_only_store() -> Iterator[CheckMessage]:
         holders = [callback] if view_class is None else [view_class, *vars(view_class).values()]
         for holder in holders:
             options = getattr(holder, "idempotency_options", None)
-            mode = getattr(options, "mode", None) or getattr(holder, "idempotency_mode", None)
+            mode = getattr(options, "mode", None) or getattr(holder, OPTION["mode"].attribute, None)
             if mode == "atomic" and id(holder) not in seen:
                 seen.add(id(holder))
                 name = getattr(holder, "__qualname__", repr(holder))

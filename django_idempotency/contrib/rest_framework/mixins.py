@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from django_idempotency.conf import Mode, OnConflict, conf
+from django_idempotency.conf import conf
 from django_idempotency.decorators import guarded
 from django_idempotency.http.guard import BODY_ERRORS, body_problem
 from django_idempotency.http.options import Options, is_exempt
 from django_idempotency.http.requests import keep_body_readable
+from django_idempotency.options import Mode, OnConflict
 from django_idempotency.stores.connections import on_a_live_connection
 
 # The mixin's handlers take every option from the view's attributes and the settings.
@@ -20,17 +21,21 @@ _INHERITED = Options()
 class IdempotencyMixin:
     """Put before the DRF base class: ``class PaymentViewSet(IdempotencyMixin, ModelViewSet)``.
 
-    Each attribute left at None uses its ``IDEMPOTENCY_*`` setting. An action decorated with
-    ``@idempotent(...)`` keeps its own options and is guarded whatever its method.
+    Each ``idempotency_*`` attribute left at None uses its ``IDEMPOTENCY_*`` setting (none for
+    ``idempotency_verify``); a ``get_idempotency_<name>()`` method, if the view defines one,
+    gives the value for each request instead. An action decorated with ``@idempotent(...)``
+    keeps its own options and is guarded whatever its method.
     """
 
     idempotent_methods: Sequence[str] | None = None
+    # One per option of `django_idempotency.options.OPTIONS`, which a test holds them to.
     idempotency_required: bool | None = None
     idempotency_ttl: timedelta | float | None = None
     idempotency_mode: Mode | None = None
     idempotency_on_conflict: OnConflict | None = None
     idempotency_namespace: str | None = None
     idempotency_header: str | None = None
+    idempotency_verify: Callable[[Any], None] | None = None
 
     def get_idempotent_methods(self) -> frozenset[str]:
         methods = self.idempotent_methods

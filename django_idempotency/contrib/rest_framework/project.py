@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 from django_idempotency.conf import conf
@@ -69,8 +70,9 @@ def _function(handler: Any) -> Any:
 def with_mixin(view_class: type) -> type:
     """`view_class` with IdempotencyMixin first; its own idempotency_* attributes still win."""
     names = (*VIEW_ATTRIBUTES, "idempotent_methods")
+    # As declared, not as read through the class: a staticmethod `idempotency_verify` stays one.
     namespace: dict[str, Any] = {
-        name: getattr(view_class, name)
+        name: inspect.getattr_static(view_class, name)
         for name in names
         if getattr(view_class, name, None) is not None
     }
