@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -38,13 +38,13 @@ logger = logging.getLogger("django_idempotency")
 Finalize = Callable[[HttpResponseBase], HttpResponseBase]
 
 
-class Guard:
+class Guard(contextlib.ExitStack):
     """One request's passage through the claim state machine.
 
     `prepare` answers the request itself (replay, 409, 422, 400, 503) or claims the key; the
     caller then runs the view and hands its response to `finish`. Used as a context manager it
     holds atomic mode's transaction open around all three, and gives the key back if the view
-    raised.
+    raised: leaving it leaves the `Attempt` that `prepare` entered.
     """
 
     def __init__(
@@ -66,18 +66,7 @@ class Guard:
         self.poll = poll  # The caller waits for a running duplicate (see `run_async`).
         self.may_wait = False  # The key is in progress, and the view waits for it.
         self.attempt: Attempt | None = None
-
-    def __enter__(self) -> Guard:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.attempt is not None:  # Claimed: commit, or release and roll back on an error.
-            self.attempt.__exit__(exc_type, exc, tb)
+        super().__init__()
 
     def prepare(self) -> HttpResponseBase | None:
         """A response to send instead of running the view, or None once the key is claimed."""
@@ -126,12 +115,14 @@ class Guard:
     def _claim(
         self, settings: Resolved, scope: Scope, request_fingerprint: str, path: str
     ) -> HttpResponseBase | None:
-        attempt = self.attempt = Attempt(
+        attempt = Attempt(
             atomic=settings.mode == "atomic" and not self.force_lease,
             on_conflict=settings.on_conflict,
             request=self.http_request,
             poll=self.poll,
         )
+        # Leaving the guard leaves the attempt: commit, or release and roll back on an error.
+        self.attempt = self.enter_context(attempt)
         try:
             claim = attempt.claim_key(
                 scope,
