@@ -175,6 +175,20 @@ def test_the_list_says_where_another_store_keeps_the_records(
         assert note in response.content.decode()
 
 
+@override_settings(IDEMPOTENCY_STORE="myproject.stores.Missing")
+def test_the_list_still_shows_the_records_when_the_store_setting_is_broken(
+    admin_client: Client,
+) -> None:
+    # `manage.py check` names the broken setting; the list goes on showing this table.
+    record = IdempotencyRecordFactory(key="kept")
+
+    response = admin_client.get(CHANGELIST)
+
+    assert response.status_code == 200
+    assert response.context["records_elsewhere"] is None
+    assert listed(response) == {record.key}
+
+
 def test_the_list_costs_the_same_queries_for_3_or_30_records(admin_client: Client) -> None:
     def queries() -> int:
         with CaptureQueriesContext(connection) as captured:

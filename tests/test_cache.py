@@ -5,21 +5,25 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.core.cache import caches
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_idempotency.core.outcomes import Scope
+from django_idempotency import signals
+from django_idempotency.core.outcomes import Scope, StoredResponse
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import cache as cache_module
 from django_idempotency.stores import get_store
 from django_idempotency.stores.cache import cache_key
 from tests.models import Charge
+from tests.stores import claim_request, the_record, using_store
 from tests.utils import assert_problem, clear_own_keys, post, redis_caches
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799")
@@ -165,3 +169,92 @@ def _claim_request() -> object:
         ttl=timedelta(hours=1),
         lease=timedelta(seconds=30),
     )
+
+
+# The tier in front of the stores that keep no database transaction of their own.
+
+
+@pytest.fixture(params=["memory", "redis"])
+def tier_over_a_store(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The cache tier, on its own Redis database, in front of the memory or the Redis store."""
+    tier = redis_caches(f"{REDIS_URL}/2")["idempotency"]
+    # The second is read once the first applies: the Redis store's CACHES are kept.
+    with (
+        using_store(request.param),
+        override_settings(IDEMPOTENCY_CACHE="tier", CACHES={**settings.CACHES, "tier": tier}),
+    ):
+        clear_own_keys("tier")
+        yield request.param
+        clear_own_keys("tier")
+
+
+def test_a_store_without_transactions_has_its_records_copied_at_once(
+    tier_over_a_store: str,
+) -> None:
+    client = Client()
+    hits: list[bool] = []
+
+    def count(sender: object, *, hit: bool, **kwargs: object) -> None:
+        hits.append(hit)
+
+    first = post(client, URL)
+    copy = caches["tier"].get(cache_key(SCOPE))
+    signals.cache_lookup.connect(count)
+    try:
+        retry = post(client, URL)
+    finally:
+        signals.cache_lookup.disconnect(count)
+
+    assert copy is not None
+    _, _, status, _, _, body = copy  # A CachedRecord.
+    assert (status, body) == (201, first.content)
+    assert hits == [True]
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert Charge.objects.count() == 1
+
+
+def test_a_response_expiring_within_a_second_is_not_copied(tier_over_a_store: str) -> None:
+    with override_settings(IDEMPOTENCY_TTL=timedelta(seconds=1)):
+        assert post(Client(), URL).status_code == 201
+
+    assert the_record().response_status == 201
+    assert caches["tier"].get(cache_key(SCOPE)) is None
+
+
+@pytest.mark.usefixtures("redis_tier")
+def test_a_claim_that_lost_its_lease_leaves_no_copy_the_winner_does() -> None:
+    store = get_store()
+    hours_ago = timezone.now() - timedelta(hours=2)
+    late = store.begin(replace(claim_request(SCOPE, path=URL), now=hours_ago))
+    winner = store.begin(claim_request(SCOPE, path=URL))  # The late claim's lease ran out.
+
+    assert not store.complete(late, StoredResponse(201, [], b"late"), timezone.now())
+    assert caches["idempotency"].get(cache_key(SCOPE)) is None
+    assert store.complete(winner, StoredResponse(201, [], b"winner"), timezone.now())
+    *_, body = caches["idempotency"].get(cache_key(SCOPE))
+    assert body == b"winner"
+
+
+@pytest.mark.usefixtures("redis_tier")
+def test_a_purge_drops_the_copies_and_passes_the_scopes_to_the_callers_forget() -> None:
+    post(Client(), URL)
+    post(Client(), URL, key="key-2")
+    forgotten: list[Scope] = []
+
+    result = get_store().purge(timezone.now() + timedelta(days=2), forget=forgotten.extend)
+
+    assert result.expired == 2
+    assert sorted(scope.key for scope in forgotten) == ["key-1", "key-2"]
+    assert caches["idempotency"].get(cache_key(SCOPE)) is None
+
+
+@pytest.mark.usefixtures("redis_tier")
+def test_work_after_commit_waits_for_the_records_transaction() -> None:
+    ran: list[str] = []
+
+    with transaction.atomic():
+        get_store().after_commit(lambda: ran.append("after commit"))
+        assert ran == []
+
+    assert ran == ["after commit"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -583,6 +584,20 @@ SILENT = [
         id="E017",
     ),
     pytest.param(
+        E017,
+        {
+            "MIDDLEWARE": [
+                *settings.MIDDLEWARE,
+                IDEMPOTENCY_MIDDLEWARE,
+                # After it, but with no process_view() to skip; one that does not import is
+                # Django's to report when it loads the middleware.
+                "django.middleware.common.CommonMiddleware",
+                "myproject.middleware.Missing",
+            ]
+        },
+        id="E017-nothing-skipped-after-it",
+    ),
+    pytest.param(
         E018,
         {"IDEMPOTENCY_STORE": REDIS_STORE, "CACHES": {"default": SHARED_CACHE}},
         id="E018-mode-unset",
@@ -693,6 +708,33 @@ def test_what_cannot_be_determined_is_not_a_traceback(overrides: dict[str, Any])
 
     # A MySQL driver, when installed, is reported as unsupported; nothing else is an error.
     assert [message for message in messages if message.is_serious() and message.id != E012] == []
+
+
+class BrokenInclude:
+    """A URLconf that loads, with an include that does not: a module without urlpatterns."""
+
+    urlpatterns = [
+        path("atomic/", AtomicView.as_view()),
+        path("broken/", include(types.ModuleType("no_urlpatterns"))),
+    ]
+
+
+@pytest.mark.parametrize(
+    "urlconf", ["tests.no_such_urls", BrokenInclude], ids=["urlconf", "include"]
+)
+def test_a_urlconf_that_does_not_load_is_left_to_djangos_url_checks(urlconf: Any) -> None:
+    # The store is lease-only, so the views are also searched for atomic mode (E018).
+    with configured(
+        ROOT_URLCONF=urlconf,
+        IDEMPOTENCY_STORE=REDIS_STORE,
+        IDEMPOTENCY_MODE="lease",
+        CACHES={"default": SHARED_CACHE},
+    ):
+        messages = checks.check_views()
+
+    # No traceback and nothing of ours about the URLconf: Django reports it when it loads it.
+    # What did load is still checked.
+    assert [message.id for message in messages] == ([E018] if urlconf is BrokenInclude else [])
 
 
 @pytest.mark.parametrize("error", ["RuntimeError", "ImproperlyConfigured"])

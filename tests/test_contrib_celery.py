@@ -8,20 +8,26 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 from celery import Celery
-from celery.signals import task_failure, task_success
+from celery.signals import task_failure, task_retry, task_success
 from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
 
-from django_idempotency.exceptions import KeyMismatch
+from django_idempotency.core.outcomes import Outcome, Scope
+from django_idempotency.exceptions import KeyInProgress, KeyMismatch
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores import ClaimRequest, get_store
 from tests import tasks
 from tests.models import Charge
 from tests.stores import the_record
+from tests.utils import fingerprint_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,6 +116,51 @@ def test_autoretry_attempts_are_not_duplicates_of_each_other(
     charges = Charge.objects.order_by("pk").values_list("reference", "amount")
     assert list(charges) == [("flaky-1", attempt) for attempt in attempts]
     assert the_record().status == "completed"
+
+
+@pytest.mark.usefixtures("worker")
+@override_settings(IDEMPOTENCY_LEASE=4, IDEMPOTENCY_WAIT_TIMEOUT=0.5)
+def test_a_duplicate_while_another_attempt_runs_is_retried_once_that_lease_can_end(
+    celery_app: Celery,
+) -> None:
+    # Another worker took the refund and died with it: its claim holds the key for its lease.
+    payload = {"reference": "held-1", "amount": 30}
+    held = ClaimRequest(
+        scope=Scope("refund-tasks", "", "held-1"),
+        fingerprint=fingerprint_of(tasks.refund.name, payload, method="TASK"),
+        method="TASK",
+        path=tasks.refund.name,
+        now=timezone.now(),
+        ttl=timedelta(hours=1),
+        lease=timedelta(seconds=4),
+    )
+    assert get_store().begin(held).outcome is Outcome.FRESH
+    retried: list[Any] = []  # Celery's Retry, the original exception as its `exc`.
+
+    def on_retry(sender: Any, reason: Any, **kwargs: Any) -> None:
+        retried.append(reason)
+
+    task_retry.connect(on_retry, weak=False)
+    try:
+        result = celery_app.send_task(tasks.refund.name, args=["held-1", 30])
+        charge_id = result.get(timeout=30)
+    finally:
+        task_retry.disconnect(on_retry)
+
+    # Waited for the key in vain, retried after IDEMPOTENCY_LEASE, then run: once.
+    assert [type(reason.exc) for reason in retried] == [KeyInProgress]
+    assert Charge.objects.get().pk == charge_id
+    assert the_record().status == "completed"
+
+
+def test_a_task_called_as_a_plain_function_runs_each_time_unguarded() -> None:
+    # No message, no message id: nothing a broker could deliver twice, so nothing is claimed.
+    first = tasks.record_payment("direct-1", 5)
+    second = tasks.record_payment("direct-1", 5)
+
+    assert first != second
+    assert Charge.objects.filter(reference="direct-1").count() == 2
+    assert not IdempotencyRecord.objects.exists()
 
 
 def _database_url() -> str:

@@ -271,6 +271,40 @@ def test_bad_keys_and_declarations_fail_clearly() -> None:
         idempotent_function(key="reference", mode="eager")  # type: ignore[arg-type]
 
 
+def test_a_default_namespace_too_long_for_its_column_asks_for_one() -> None:
+    def settle_the_invoices_of_every_customer_of_every_region_before_the_month_closes() -> None:
+        """Its dotted path, this test's with `<locals>`, is over the namespace column's 100."""
+
+    with pytest.raises(ImproperlyConfigured, match="pass namespace= to @idempotent_function"):
+        idempotent_function(key=lambda: "k")(
+            settle_the_invoices_of_every_customer_of_every_region_before_the_month_closes
+        )
+    idempotent_function(key=lambda: "k", namespace="settlements")(
+        settle_the_invoices_of_every_customer_of_every_region_before_the_month_closes
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "payload",
+    ["order", lambda reference, order, note="": order["sku"]],
+    ids=["argument-name", "callable"],
+)
+def test_the_payload_can_be_one_argument_or_what_a_callable_picks(payload: Any) -> None:
+    calls: list[str] = []
+
+    @idempotent_function(key="reference", namespace="shipments", payload=payload)
+    def ship(reference: str, order: dict[str, int], note: str = "") -> str:
+        calls.append(note)
+        return f"shipped {order['sku']}"
+
+    assert ship("r-1", {"sku": 1}, note="first") == "shipped 1"
+    assert ship("r-1", {"sku": 1}, note="second") == "shipped 1"  # The note is not the payload.
+    with pytest.raises(KeyMismatch):
+        ship("r-1", {"sku": 2})
+    assert calls == ["first"]
+
+
 @pytest.mark.django_db
 def test_a_payload_that_is_not_json_is_refused() -> None:
     @idempotent_function(key="reference")

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from django.test import Client, override_settings
 from django.test.client import AsyncClient
 from django.utils import timezone
@@ -177,3 +177,15 @@ def test_an_async_duplicate_waits_without_blocking_the_shared_sync_thread(
     assert Charge.objects.count() == 1
     assert blocking_sleeps == []
     assert pings >= 10  # It kept running all along the wait.
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_view_called_without_a_key_fails_as_it_would_unguarded() -> None:
+    # No key, nothing claimed: the view's exception is the view's, with nothing to give back.
+    send = async_to_sync(AsyncClient().post)
+
+    with pytest.raises(RuntimeError, match="the view crashed after writing"):
+        send("/async/charges/", {"amount": 10}, "application/json", headers={"X-Outcome": "raise"})
+
+    assert Charge.objects.count() == 1
+    assert not IdempotencyRecord.objects.exists()

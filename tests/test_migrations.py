@@ -6,6 +6,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
 from django_idempotency.models import IdempotencyRecord
 
@@ -30,3 +31,35 @@ def test_every_field_explains_itself() -> None:
     for field in IdempotencyRecord._meta.get_fields():
         if field.name != "id":
             assert field.help_text, f"{field.name} has no help_text"
+
+
+def _scope_collations() -> dict[str, str | None]:
+    """The collation of each scope column (None where the database has no such notion)."""
+    if connection.vendor != "mysql":
+        return dict.fromkeys(("namespace", "owner", "key"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS"
+            " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"
+            " AND COLUMN_NAME IN ('namespace', 'owner', 'key')",
+            [IdempotencyRecord._meta.db_table],
+        )
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_binary_scope_migration_can_be_reversed_and_applied_again() -> None:
+    # On MariaDB, back to the database's own collation, which ignores case; elsewhere a no-op.
+    applied = _scope_collations()
+    call_command("migrate", "django_idempotency", "0002", verbosity=0)
+    try:
+        reversed_ = _scope_collations()
+    finally:
+        call_command("migrate", "django_idempotency", verbosity=0)
+
+    assert _scope_collations() == applied
+    if connection.vendor == "mysql":
+        assert set(applied.values()) == {"utf8mb4_nopad_bin"}
+        assert set(reversed_.values()) == {"utf8mb4_unicode_ci"}
+    else:
+        assert reversed_ == applied

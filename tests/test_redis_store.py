@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 from django.utils import timezone
 
@@ -115,3 +116,20 @@ def test_redis_lost_after_the_claim_keeps_the_key_until_the_lease_ends(
 
     # Not stored and not released: the claim ends with its lease, never with a second run.
     assert the_record().status == "in_progress"
+
+
+def test_a_redis_cache_alias_that_is_not_django_redis_fails_the_request_naming_it() -> None:
+    # `manage.py check` reports it as E019; a project that ran without checks finds out here.
+    locmem = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    with (
+        override_settings(
+            **{**redis_settings(), "CACHES": {"default": locmem, "idempotency": locmem}}
+        ),
+        pytest.raises(ImproperlyConfigured) as error,
+    ):
+        post(Client(), URL)
+
+    assert str(error.value).startswith(
+        "IDEMPOTENCY_REDIS_CACHE = 'idempotency' is not a django-redis cache"
+    )
+    assert Charge.objects.count() == 0

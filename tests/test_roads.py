@@ -326,6 +326,35 @@ def test_sqlite_immediate_mode_answers_a_busy_writer_with_409() -> None:
     assert_problem(response, 409, "request-in-progress")
 
 
+@pytest.mark.sqlite
+def test_sqlite_locked_even_for_reading_answers_409_then_serves_the_retry() -> None:
+    # Another process holds the database file exclusively (a VACUUM, a backup): even the
+    # guard's first read waits for it. Busy is not lost: 409, and the retry goes through.
+    import sqlite3
+
+    options = connection.settings_dict["OPTIONS"]
+    saved = dict(options)
+    options.update(timeout=0.2)
+    connection.close()
+    other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        try:
+            response = post(Client(), "/function/charges/")
+        finally:
+            other.execute("ROLLBACK")
+        retry = post(Client(), "/function/charges/")
+    finally:
+        other.close()
+        options.clear()
+        options.update(saved)
+        connection.close()
+
+    assert_problem(response, 409, "request-in-progress")
+    assert retry.status_code == 201
+    assert Charge.objects.count() == 1
+
+
 # 7. PostgreSQL restarted under CONN_MAX_AGE
 
 
@@ -541,6 +570,25 @@ def test_a_result_the_store_refuses_releases_the_lease(settings: Any) -> None:
     assert first.status_code == 200
     assert IdempotencyRecord.objects.count() == 0
     assert "Idempotent-Replayed" not in Client().post("/answers/", headers=headers)
+
+
+@pytest.mark.postgresql
+def test_in_atomic_mode_a_result_the_store_refuses_undoes_the_work_with_the_claim(
+    settings: Any,
+) -> None:
+    # As above, but the view's writes share the claim's transaction: the failure to store the
+    # result rolls them back with it. Nothing happened, so nothing is left to replay or wait for.
+    settings.IDEMPOTENCY_MODE = "atomic"
+    headers = {"Idempotency-Key": "nul-2", "X-Tag": "a\x00b"}
+    client = Client(raise_request_exception=False)
+
+    first = client.post("/answers/", headers=headers)
+
+    assert first.status_code == 500
+    assert Charge.objects.count() == 0
+    assert IdempotencyRecord.objects.count() == 0
+    retry = client.post("/answers/", headers=headers)
+    assert retry.status_code == 500 and "Idempotent-Replayed" not in retry
 
 
 def test_a_form_too_large_for_drfs_csrf_check_is_413(settings: Any) -> None:

@@ -12,18 +12,22 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.cache import caches
 from django.core.management import call_command
 from django.dispatch import Signal
 from django.http import HttpRequest
 from django.test import Client, override_settings
+from django.test.client import AsyncClient
 from django.utils import timezone
 
 from django_idempotency import idempotent_function, signals
+from django_idempotency.core.outcomes import Scope
 from django_idempotency.purge import PurgeReport, purge_expired_records
 from django_idempotency.stores.cache import CacheTier
 from tests.factories import IdempotencyRecordFactory
 from tests.models import Charge
+from tests.stores import hold
 from tests.utils import ViewKind, post, redis_caches
 
 
@@ -89,6 +93,29 @@ def test_signals_outside_http_carry_no_request(
 
     assert [outcome for outcome, _ in received] == ["claimed", "completed", "replayed"]
     assert [kwargs["request"] for _, kwargs in received] == [None, None, None]
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=0.3)
+def test_an_async_duplicate_that_gives_up_waiting_signals_one_conflict_with_its_wait(
+    received: list[tuple[str, dict[str, Any]]],
+) -> None:
+    hold(Scope("default", "", "held"), ViewKind.ASYNC_FUNCTION.url, {"amount": 10})
+    client = AsyncClient()
+
+    response = async_to_sync(client.post)(
+        ViewKind.ASYNC_FUNCTION.url,
+        {"amount": 10},
+        "application/json",
+        headers={"Idempotency-Key": "held"},
+    )
+
+    assert response.status_code == 409
+    [(outcome, kwargs)] = received  # Not one per try: one for the request.
+    assert outcome == "conflict"
+    assert kwargs["duration"] >= 0.3
+    assert kwargs["request"].path == ViewKind.ASYNC_FUNCTION.url
+    assert Charge.objects.count() == 0
 
 
 def broken_receiver(sender: Any, **kwargs: Any) -> None:

@@ -6,10 +6,12 @@ import re
 from typing import Any
 
 import pytest
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, TestCase, override_settings
+from django.urls import path
 from rest_framework.test import APIClient
 
-from django_idempotency import testing
+from django_idempotency import idempotent, idempotent_function, testing
 from django_idempotency.testing import IdempotencyAssertionsMixin
 from tests.factories import IdempotencyRecordFactory
 from tests.models import Charge
@@ -19,6 +21,24 @@ IDEMPOTENT = "/function/charges/"
 UNGUARDED = "/unguarded/charges/"
 
 pytestmark = pytest.mark.django_db
+
+
+SETTLED: list[int] = []  # The charges `settle` ran for.
+
+
+@idempotent_function(key="charge_id", namespace="settlements")
+def settle(charge_id: int) -> str:
+    SETTLED.append(charge_id)
+    return f"settled {charge_id}"
+
+
+@idempotent
+def settled_charge_view(request: HttpRequest) -> HttpResponse:
+    created = Charge.objects.create(reference="settled", amount=1)
+    return JsonResponse({"id": created.pk, "settlement": settle(created.pk)}, status=201)
+
+
+urlpatterns = [path("settled/charges/", settled_charge_view)]
 
 
 def test_the_fixture_passes_on_an_idempotent_endpoint(assert_idempotent: Any) -> None:
@@ -154,6 +174,33 @@ def test_a_streaming_response_is_read_and_fails_as_it_is_never_stored() -> None:
     assert "status differs" not in str(failure.value)
     assert "body differs" not in str(failure.value)  # b"ab" both times.
     assert "the view ran 2 times for one key" in str(failure.value)
+
+
+@override_settings(IDEMPOTENCY_TTL=0.001)
+def test_a_record_expired_before_the_retry_fails_without_blaming_the_storage_policy() -> None:
+    # A TTL given in seconds where minutes were meant: the retry finds the record expired,
+    # takes the key over and runs the view again. Nothing was released.
+    with pytest.raises(AssertionError) as failure:
+        testing.assert_idempotent(Client(), "POST", IDEMPOTENT, {"amount": 1})
+
+    message = str(failure.value)
+    assert "- the view ran 2 times for one key, expected once\n" in message
+    assert "the retry lacks `Idempotent-Replayed: true` (it has none)" in message
+    assert "released" not in message
+    assert Charge.objects.count() == 2
+
+
+@pytest.mark.urls(__name__)
+def test_outcomes_of_other_keys_while_the_requests_run_are_not_counted() -> None:
+    # The view settles its charge with an idempotent function of its own key: its claim and
+    # completion are not the request's.
+    SETTLED.clear()
+    first, retry = testing.assert_idempotent(Client(), "POST", "/settled/charges/", {"amount": 1})
+
+    assert first.status_code == 201
+    assert retry.content == first.content
+    assert Charge.objects.count() == 1
+    assert [Charge.objects.get().pk] == SETTLED
 
 
 @pytest.mark.parametrize("method", ["GET", "head"])
