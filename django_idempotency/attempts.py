@@ -39,6 +39,8 @@ _SIGNALS: dict[Outcome, Signal] = {
     Outcome.IN_PROGRESS: signals.conflict,
     Outcome.MISMATCH: signals.mismatch,
 }
+# Each signal's name: what the log records and the metrics' `outcome` label say.
+_NAMES: dict[Signal, str] = {signal: name for name, signal in signals.BY_OUTCOME.items()}
 
 
 class Attempt:
@@ -112,12 +114,12 @@ class Attempt:
             self.claim = claim
         if not (self.poll and claim.outcome is Outcome.IN_PROGRESS):
             duration = time.perf_counter() - started
-            self._announce(_SIGNALS[claim.outcome], claim.outcome.value, duration)
+            self._announce(_SIGNALS[claim.outcome], duration)
         return claim
 
     def announce_conflict(self, duration: float) -> None:
         """A polling caller gives up waiting: the conflict `begin` left unannounced."""
-        self._announce(signals.conflict, Outcome.IN_PROGRESS.value, duration)
+        self._announce(signals.conflict, duration)
 
     def _begin(self, request: ClaimRequest) -> Claim:
         store = self.store
@@ -186,16 +188,16 @@ class Attempt:
                 # the end of the lease, so give the key back rather than leave it stuck.
                 if not self.atomic:
                     _quietly(self.store.release, claim)
-                    self._announce(signals.released, "released")
+                    self._announce(signals.released)
                 raise
         if kept:
-            self._announce(signals.completed, "completed")
+            self._announce(signals.completed)
         elif self.atomic:
             logger.warning(
                 "The transaction was marked for rollback (transaction.set_rollback): nothing of "
                 "it is kept, the idempotency claim included, and a retry runs the work again."
             )
-            self._announce(signals.released, "released")
+            self._announce(signals.released)
         else:
             logger.warning(
                 "The lease expired and another caller took the key over; this result was not "
@@ -212,21 +214,22 @@ class Attempt:
             self.store.discard()
         else:
             self.store_lost = isinstance(_quietly(self.store.release, claim), StoreUnavailable)
-        self._announce(signals.released, "released")
+        self._announce(signals.released)
 
     def abort(self) -> None:
         """The work raised: give the key back (a rollback of our own transaction does that)."""
         if self.claim is not None:
             if self.owns_transaction:
                 self.claim = None  # Leaving the transaction with the error rolls the claim back.
-                self._announce(signals.released, "released")
+                self._announce(signals.released)
             else:
                 self.release()
 
-    def _announce(self, signal: Signal, outcome: str, duration: float | None = None) -> None:
+    def _announce(self, signal: Signal, duration: float | None = None) -> None:
         scope = self.scope
         assert scope is not None
         if logger.isEnabledFor(logging.INFO):
+            outcome = _NAMES[signal]
             key_hash = hashlib.sha256(scope.key.encode()).hexdigest()[:16]
             logger.info(
                 "idempotency %s namespace=%s key_hash=%s",

@@ -107,9 +107,9 @@ def test_each_outcome_is_logged_at_info_with_a_hash_of_the_key_never_the_key(
     key_hash = hashlib.sha256(b"secret-key-1").hexdigest()[:16]
     records = [r for r in caplog.records if r.getMessage().startswith("idempotency ")]
     outcomes = [getattr(r, "idempotency_outcome", None) for r in records]
-    # One record per outcome: the claim, its completion, the replay, the other request's 422.
-    assert len(records) == 4
-    assert (outcomes[1], outcomes[3]) == ("completed", "mismatch")
+    # One record per outcome, named as its signal (and the metrics' label): the claim, its
+    # completion, the replay, the other request's 422.
+    assert outcomes == ["claimed", "completed", "replayed", "mismatch"]
     for record, outcome in zip(records, outcomes, strict=True):
         assert record.getMessage() == f"idempotency {outcome} namespace=default key_hash={key_hash}"
         assert getattr(record, "idempotency_namespace", None) == "default"
