@@ -88,12 +88,12 @@ def read_results(mutants: Path) -> dict[str, dict[str, int | None]]:
     return results
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="*", help=f"some of {', '.join(BARS)} (default: all)")
     parser.add_argument("--mutants", type=Path, default=MUTANTS)
     parser.add_argument("--equivalents", type=Path, default=EQUIVALENTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     packages = args.packages or list(BARS)
     if unknown := set(packages) - set(BARS):
         parser.error(f"unknown packages {sorted(unknown)}: choose from {', '.join(BARS)}")

@@ -53,6 +53,21 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"database: {database_under_test()} (tests marked for other databases are deselected)"
 
 
+@pytest.fixture(autouse=True)
+def built_afresh() -> None:
+    """What the package builds once per process and keeps (each backend's statements, the
+    configured store, the hooks a view class defines) is built again for each test: no test
+    depends on what an earlier one built, each runs the building code itself, and mutation
+    testing, which maps each function to the tests that call it, sees every test that relies on
+    that code, not only the first."""
+    from django_idempotency.http import options
+    from django_idempotency.stores import _store_for, dialects
+
+    dialects._BUILT.clear()
+    _store_for.cache_clear()
+    options._hooks_of.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
     """Name SQLite's test database file after the process that sets it up, not the one that

@@ -192,6 +192,10 @@ def test_an_async_view_failing_with_its_store_lost_is_503_and_its_claim_ends_wit
     # The view failed because the database went away, which also kept the key from being given
     # back: answered as a lost store. The claim holds the key until its lease ends.
     assert_problem(response, 503, "store-unavailable")
-    assert "The view failed while the idempotency store was unreachable" in caplog.text
+    [logged] = [
+        r for r in caplog.records if r.getMessage().startswith("The view failed while the ")
+    ]
+    assert logged.getMessage() == "The view failed while the idempotency store was unreachable"
+    assert logged.exc_info is not None  # With the view's traceback, for the operator.
     assert Charge.objects.filter(reference="lost").count() == 1
     assert IdempotencyRecord.objects.get().status == "in_progress"

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
@@ -148,6 +149,27 @@ def test_redis_down_is_logged_once_not_once_a_request(
 
     warnings = [r for r in caplog.records if "idempotency cache" in r.getMessage().lower()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+
+def test_redis_still_down_after_ten_quiet_seconds_is_logged_again_with_its_error(
+    dead_redis: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(cache_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    cache_module._last_warning[0] = float("-inf")
+    client = Client()
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        for key, now in (("a", 1000.0), ("b", 1009.999), ("c", 1010.0), ("d", 1019.0)):
+            clock[0] = now
+            assert post(client, URL, key=key).status_code == 201
+
+    prefix = "Idempotency cache unavailable, using the store: "
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith(prefix)]
+    # At 1000 s, then again exactly 10 s later; not in between, nor within 10 s of the second.
+    assert len(warnings) == 2, warnings
+    for warning in warnings:
+        why = warning.removeprefix(prefix)  # Redis's own error, for the operator.
+        assert why and why != "None" and "%s" not in why
 
 
 def test_purge_with_redis_down_still_purges(dead_redis: None) -> None:

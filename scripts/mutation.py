@@ -1,0 +1,86 @@
+"""Mutation testing on every database: every mutant on SQLite, the survivors on the servers.
+
+Each database runs code the others never reach (PostgreSQL's advisory locks and one-round-trip
+transactions, MariaDB's lock timeouts and error numbers), and CI runs the suite on all three: a
+mutant counts as killed when the suite on any of them kills it. The first database runs every
+mutant of the packages asked for; each next one runs only what is still alive (survivors and
+mutants no test reached there), with the tests that reach each function on that database
+(mutmut's stats are collected again per database). Then the gate (scripts/mutation_gate.py).
+
+    python scripts/mutation.py                      # core, stores and http on all three
+    python scripts/mutation.py http --databases sqlite
+    python scripts/mutation.py --children 2         # on SQLite; the servers always take one
+
+PG_URL and MARIADB_URL name the servers as for tox (scripts/services.sh starts them); the test
+databases are `test_idem_mutation` on each. REDIS_URL, when set, names the Redis of the Redis
+store's and the cache tier's tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from mutation_gate import BARS, KILLED, MUTANTS, read_results
+from mutation_gate import main as gate
+
+SERVERS = {
+    "postgresql": os.environ.get("PG_URL", "postgres://postgres@127.0.0.1:54329"),
+    "mariadb": os.environ.get("MARIADB_URL", "mysql://root@127.0.0.1:33069"),
+}
+DATABASES = ("sqlite", "postgresql", "mariadb")
+
+
+def database_url(database: str) -> str:
+    return "" if database == "sqlite" else f"{SERVERS[database]}/idem_mutation"
+
+
+def alive(packages: list[str]) -> list[str]:
+    """The mutants of these packages no database has killed yet."""
+    results = read_results(MUTANTS)
+    return sorted(
+        name
+        for package in packages
+        for name, code in results[package].items()
+        if code not in KILLED
+    )
+
+
+def run_mutmut(database: str, names: list[str], children: int) -> None:
+    # The tests that reach a function differ per database (tests marked for one database only
+    # run there): mutmut collects them again when its stats file is gone.
+    (MUTANTS / "mutmut-stats.json").unlink(missing_ok=True)
+    env = {**os.environ, "DATABASE_URL": database_url(database)}
+    print(f"mutmut on {database}: {len(names)} mutants or globs", flush=True)
+    command = ["mutmut", "run", "--max-children", str(children), *names]
+    subprocess.run(command, env=env, check=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("packages", nargs="*", help=f"some of {', '.join(BARS)} (default: all)")
+    parser.add_argument("--databases", default=",".join(DATABASES))
+    parser.add_argument("--children", type=int, default=1, help="mutants at once on SQLite")
+    args = parser.parse_args()
+    packages = args.packages or list(BARS)
+    databases = args.databases.split(",")
+    if unknown := set(databases) - set(DATABASES):
+        parser.error(f"unknown databases {sorted(unknown)}: choose from {', '.join(DATABASES)}")
+
+    for number, database in enumerate(databases):
+        if number == 0:
+            # Every mutant again: a named mutant is rerun even where mutmut has a verdict.
+            names = [f"django_idempotency.{package}.*" for package in packages]
+        else:
+            names = alive(packages)
+            if not names:
+                break
+        # A server's test database has one name: one mutant at a time there.
+        run_mutmut(database, names, args.children if database == "sqlite" else 1)
+    return gate(packages)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
