@@ -236,6 +236,21 @@ def test_a_store_without_transactions_has_its_records_copied_at_once(
     assert Charge.objects.count() == 1
 
 
+def test_a_purge_of_the_memory_store_drops_the_copies_too() -> None:
+    tier = redis_caches(f"{REDIS_URL}/2")["idempotency"]
+    with (
+        using_store("memory"),
+        override_settings(IDEMPOTENCY_CACHE="tier", CACHES={**settings.CACHES, "tier": tier}),
+    ):
+        assert post(Client(), URL).status_code == 201
+        assert caches["tier"].get(cache_key(SCOPE)) is not None
+
+        assert get_store().purge(timezone.now() + timedelta(days=2)).expired == 1
+
+        assert caches["tier"].get(cache_key(SCOPE)) is None  # No copy outlives its record.
+        clear_own_keys("tier")
+
+
 def test_a_response_expiring_within_a_second_is_not_copied(tier_over_a_store: str) -> None:
     with override_settings(IDEMPOTENCY_TTL=timedelta(seconds=1)):
         assert post(Client(), URL).status_code == 201

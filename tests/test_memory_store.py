@@ -26,14 +26,15 @@ def test_purge_frees_expired_records_and_abandoned_claims_only() -> None:
     for claim in (_begin(store, "done", lease=60), _begin(store, "r", lease=60, namespace="x")):
         assert store.complete(claim, StoredResponse(201), timezone.now())
     _begin(store, "abandoned", lease=60)
+    _begin(store, "abandoned too", lease=60)
     _begin(store, "running", lease=3 * 3600)  # Past its TTL, but its lease is still live.
     later = timezone.now() + timedelta(hours=2)
 
     dry_run = store.purge(later, namespace="default", dry_run=True)
     purged = store.purge(later)
 
-    assert dry_run == PurgeResult(expired=1, abandoned=1, batches=0)
-    assert purged == PurgeResult(expired=2, abandoned=1, batches=1)
+    assert dry_run == PurgeResult(expired=1, abandoned=2, batches=0)
+    assert purged == PurgeResult(expired=2, abandoned=2, batches=1)
     assert [scope.key for scope in store.records] == ["running"]
 
 

@@ -17,6 +17,7 @@ from django_idempotency.attempts import Attempt
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import ClaimRequest, StoreUnavailable, get_store
+from django_idempotency.stores.database import DatabaseStore
 from tests.models import Charge
 from tests.stores import the_record
 from tests.utils import ViewKind, assert_problem, lose_database, post
@@ -84,6 +85,58 @@ def test_an_expired_completed_record_is_claimed_afresh() -> None:
     record = the_record()
     assert record.status == "in_progress"
     assert record.response_body is None
+
+
+@pytest.mark.usefixtures("store")
+def test_an_expired_record_taken_over_by_another_request_is_that_requests_from_then_on() -> None:
+    store = get_store()
+    first = store.begin(_claim_request())
+    response = StoredResponse(201, [("X-Old", "1")], b"old", "Old Reason")
+    assert store.complete(first, response, timezone.now())
+    # Two hours on, the record has expired: the key goes to another request, a PUT elsewhere.
+    other = replace(
+        _claim_request(lease=30, now_offset=2 * 3600),
+        fingerprint="e" * 64,
+        method="PUT",
+        path="/elsewhere/",
+    )
+
+    taken = store.begin(other)
+
+    assert taken.outcome is Outcome.FRESH
+    assert store.begin(other).outcome is Outcome.IN_PROGRESS  # Its own duplicate waits.
+    record = the_record()
+    assert (record.status, record.method, record.path) == ("in_progress", "PUT", "/elsewhere/")
+    assert (record.response_status, record.response_body) == (None, None)
+    assert abs(record.created_at - other.now) < timedelta(milliseconds=1)  # Redis keeps ms.
+    if isinstance(store, DatabaseStore):  # What the admin shows of it.
+        row = IdempotencyRecord.objects.get()
+        assert (row.fingerprint, row.response_reason, row.response_headers) == ("e" * 64, "", [])
+        assert row.completed_at is None
+    # Its lease runs out in turn: a later retry takes the key over again.
+    assert store.begin(replace(other, now=other.now + timedelta(seconds=31))).outcome is (
+        Outcome.FRESH
+    )
+
+
+@pytest.mark.usefixtures("store")
+def test_an_expired_record_taken_over_and_completed_replays_its_new_answer() -> None:
+    store = get_store()
+    first = store.begin(_claim_request())
+    assert store.complete(
+        first, StoredResponse(201, [("X-Old", "1")], b"old", "Old"), timezone.now()
+    )
+    other = replace(
+        _claim_request(now_offset=2 * 3600), fingerprint="e" * 64, method="PUT", path="/else/"
+    )
+    taken = store.begin(other)
+    assert store.complete(taken, StoredResponse(202, [], b"new"), other.now)
+
+    replayed = store.begin(other)
+
+    assert replayed.outcome is Outcome.REPLAY
+    assert replayed.response == StoredResponse(202, [], b"new")  # Nothing of the old one.
+    assert store.begin(replace(other, method="POST")).outcome is Outcome.MISMATCH
 
 
 @pytest.mark.usefixtures("store")

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.purge import PurgeReport, purge_expired_records
-from django_idempotency.stores import PurgeResult, StoreUnavailable
+from django_idempotency.stores import PurgeResult, StoreUnavailable, get_store
 from tests.factories import IdempotencyRecordFactory
 from tests.utils import lose_database
 
@@ -131,6 +131,20 @@ def test_records_go_in_batches_of_batch_size() -> None:
     assert report.batches == 3  # 3 + 3 + 1
     assert report.total == 7
     assert _remaining() == live
+
+
+def test_the_stores_purge_called_with_the_time_alone_deletes_in_batches_of_a_thousand() -> None:
+    # The store interface's defaults, for code that calls the store directly.
+    IdempotencyRecord.objects.bulk_create(
+        IdempotencyRecordFactory.build_batch(1001, expires_at=_past())
+    )
+    seen: list[int] = []
+
+    result = get_store().purge(timezone.now(), progress=lambda done: seen.append(done.total))
+
+    assert seen == [1000, 1001]
+    assert result == PurgeResult(expired=1001, abandoned=0, batches=2)
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_progress_is_called_after_each_batch_with_the_running_counts() -> None:

@@ -185,7 +185,10 @@ def constant_fingerprint(request: HttpRequest) -> str:
 
 
 @pytest.mark.parametrize("answer", ["204", "200 Fine Indeed", "202 Queued"])
-def test_a_replay_is_the_original_status_line_and_length(settings: Any, answer: str) -> None:
+def test_a_replay_is_the_original_status_line_and_length(
+    settings: Any, answer: str, store_mode: tuple[str, str]
+) -> None:
+    # From every store, in each of its modes.
     settings.MIDDLEWARE = []  # CommonMiddleware would add a Content-Length to both.
     client = Client()
     headers = {"Idempotency-Key": "answer-1", "X-Answer": answer}
