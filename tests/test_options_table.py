@@ -171,6 +171,13 @@ class UndecoratedShopView(ShopView):
         return _django_response(*charge(request))
 
 
+class UndecoratedBadTTLView(View):
+    idempotency_ttl = -1
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _django_response(*charge(request))
+
+
 class PlainTenantAPIView(APIView):
     def get_idempotency_namespace(self) -> str:
         return "project-guarded"
@@ -189,6 +196,7 @@ urlpatterns = [
     path("async-shops/<shop>/", AsyncShopView.as_view()),
     path("undecorated-shops/<shop>/", UndecoratedShopView.as_view()),
     path("project/", PlainTenantAPIView.as_view()),
+    path("undecorated-bad-ttl/", UndecoratedBadTTLView.as_view()),
 ]
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
@@ -290,6 +298,15 @@ def middleware() -> Iterator[None]:
     idempotency = "django_idempotency.middleware.IdempotencyMiddleware"
     with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, idempotency]):
         yield
+
+
+@pytest.mark.usefixtures("middleware")
+def test_the_middleware_refuses_an_invalid_attribute_naming_the_view_class(client: Client) -> None:
+    with pytest.raises(ImproperlyConfigured) as refusal:
+        post(client, "/undecorated-bad-ttl/")
+
+    assert str(refusal.value).startswith("UndecoratedBadTTLView.idempotency_ttl = -1: ")
+    assert not Charge.objects.exists()
 
 
 @pytest.mark.usefixtures("middleware")

@@ -529,14 +529,18 @@ def test_too_many_form_fields_is_400(settings: Any) -> None:
         FORMS, fields, "application/x-www-form-urlencoded", headers={"Idempotency-Key": "many"}
     )
 
-    assert_problem(response, 400, "malformed-request")
+    problem = assert_problem(response, 400, "malformed-request")
+    assert problem["detail"] == (
+        "The request has more form fields than the server accepts: send fewer."
+    )
 
 
 def test_a_body_over_the_upload_limit_is_413(settings: Any) -> None:
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10
     response = post(Client(), "/function/charges/", {"note": "x" * 100})
 
-    assert_problem(response, 413, "request-too-large")
+    problem = assert_problem(response, 413, "request-too-large")
+    assert problem["detail"] == "The request body exceeds the server's upload limit."
 
 
 @pytest.mark.parametrize("joined", ["k1,k2", "k1, k2"])

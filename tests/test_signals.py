@@ -113,7 +113,8 @@ def test_an_async_duplicate_that_gives_up_waiting_signals_one_conflict_with_its_
     assert response.status_code == 409
     [(outcome, kwargs)] = received  # Not one per try: one for the request.
     assert outcome == "conflict"
-    assert kwargs["duration"] >= 0.3
+    # The time it waited (0.3 s and what the tries took), not a clock reading.
+    assert 0.3 <= kwargs["duration"] < 60
     assert kwargs["request"].path == ViewKind.ASYNC_FUNCTION.url
     assert Charge.objects.count() == 0
 
