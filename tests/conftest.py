@@ -75,10 +75,10 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
     tox envs side by side never share, and so never wipe, one file."""
     from django.conf import settings
 
-    database = settings.DATABASES["default"]
-    if database["ENGINE"].endswith("sqlite3"):
-        name = f"django-idempotency-test-{os.getpid()}.sqlite3"
-        database.setdefault("TEST", {})["NAME"] = os.path.join(tempfile.gettempdir(), name)
+    for alias, database in settings.DATABASES.items():
+        if database["ENGINE"].endswith("sqlite3"):
+            name = f"django-idempotency-test-{alias}-{os.getpid()}.sqlite3"
+            database.setdefault("TEST", {})["NAME"] = os.path.join(tempfile.gettempdir(), name)
 
 
 @pytest.fixture

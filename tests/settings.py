@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import dj_database_url
@@ -55,6 +56,14 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"].endswith("mysql"):  # MariaDB: keys are stored as utf8mb4.
     DATABASES["default"].setdefault("OPTIONS", {})["charset"] = "utf8mb4"
     DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+# A second database, for the tests of records kept apart from the views' data
+# (IDEMPOTENCY_DATABASE = "records"); only the tests that ask for it create its test database.
+DATABASES["records"] = copy.deepcopy(DATABASES["default"])
+DATABASES["records"]["NAME"] = (
+    "test-idempotency-records.sqlite3"
+    if DATABASES["default"]["ENGINE"].endswith("sqlite3")
+    else f"{DATABASES['default']['NAME']}_records"
+)
 # SQLite's test database is a file, not memory (connections can then be closed, reopened and
 # shared across threads), named per process when the test database is set up: see
 # django_db_modify_db_settings in tests/conftest.py.

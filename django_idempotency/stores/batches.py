@@ -21,7 +21,9 @@ def delete_batch(
         batch = records.values("pk")[:batch_size].select_for_update(skip_locked=True)
         q = dialect.quote
         with transaction.atomic(using=alias), connection.cursor() as cursor:
-            inner_sql, params = batch.query.sql_with_params()
+            # Compiled for the records' database: sql_with_params() would compile it for the
+            # default one, which refuses FOR UPDATE outside a transaction of its own.
+            inner_sql, params = batch.query.get_compiler(alias).as_sql()
             # MATERIALIZED: as a plain IN (subquery) the planner may rescan the LIMIT
             # subquery once per row and delete far more than one batch.
             cursor.execute(
