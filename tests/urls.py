@@ -28,5 +28,6 @@ urlpatterns = [
     path("unguarded/charges/", views.unguarded_view),
     path("forms/charges/", views.form_view),
     path("answers/", views.answer_view),
+    path("uploads/", views.upload_view),
     *router.urls,
 ]

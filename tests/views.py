@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import time
 from typing import Any
@@ -224,6 +225,23 @@ def form_view(request: HttpRequest) -> HttpResponse:
         reference=request.headers.get("Idempotency-Key", ""), amount=int(amount or 0)
     )
     return JsonResponse({"id": created.pk, "uploads": uploads}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def upload_view(request: HttpRequest) -> HttpResponse:
+    """Answers with what it read: each upload's name and the SHA-256 of its content, the form's
+    fields (Django parses them for a POST, and for any method whose body the guard parsed), and,
+    asked by X-Read-Body, the length of `request.body`."""
+    uploads = {
+        field: [[f.name, hashlib.sha256(f.read()).hexdigest()] for f in files]
+        for field, files in request.FILES.lists()
+    }
+    answer: dict[str, Any] = {"uploads": uploads, "fields": dict(request.POST.lists())}
+    if "X-Read-Body" in request.headers:
+        answer["body"] = len(request.body)
+    created = Charge.objects.create(reference=request.headers.get("Idempotency-Key", ""), amount=0)
+    return JsonResponse({"id": created.pk, **answer}, status=201)
 
 
 @idempotent

@@ -1,0 +1,115 @@
+"""Multipart uploads on every method: the same upload replays, another one is 422, the view reads
+every byte, whether the body fits in DATA_UPLOAD_MAX_MEMORY_SIZE or is parsed from the stream."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client, override_settings
+from django.test.client import encode_multipart
+
+from tests.models import Charge
+from tests.utils import assert_problem
+
+pytestmark = pytest.mark.django_db
+
+URL = "/uploads/"
+RECEIPT = bytes(range(256)) * 4  # 1 KiB: over the limit the large-body tests set.
+
+
+def upload(
+    client: Client,
+    method: str,
+    fields: dict[str, Any],
+    *,
+    boundary: str = "first-boundary",
+    key: str = "upload-1",
+    **headers: str,
+) -> Any:
+    body = encode_multipart(boundary, fields)
+    return client.generic(
+        method,
+        URL,
+        body,
+        content_type=f"multipart/form-data; boundary={boundary}",
+        headers={"Idempotency-Key": key, **headers},
+    )
+
+
+def receipt(content: bytes = RECEIPT, name: str = "receipt.bin") -> SimpleUploadedFile:
+    return SimpleUploadedFile(name, content)
+
+
+@pytest.fixture(params=["in memory", "from the stream"])
+def body_size_limit(request: pytest.FixtureRequest) -> Any:
+    """Bodies that fit in DATA_UPLOAD_MAX_MEMORY_SIZE, and bodies over it (parsed from the stream
+    instead of kept: Django counts only the fields against the limit, so the upload is allowed)."""
+    limit = 2_621_440 if request.param == "in memory" else 200
+    with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=limit):
+        yield request.param
+
+
+@pytest.mark.usefixtures("body_size_limit")
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_the_same_upload_replays_and_another_file_name_or_content_is_422(method: str) -> None:
+    client = Client()
+    first = upload(client, method, {"note": "a", "receipt": receipt()})
+    again = upload(client, method, {"note": "a", "receipt": receipt()}, boundary="other-boundary")
+    renamed = upload(client, method, {"note": "a", "receipt": receipt(name="other.bin")})
+    changed = upload(client, method, {"note": "a", "receipt": receipt(RECEIPT[::-1])})
+    other_field = upload(client, method, {"note": "b", "receipt": receipt()})
+
+    assert first.status_code == 201, first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    for other in (renamed, changed, other_field):
+        assert_problem(other, 422, "key-reused")
+    assert Charge.objects.count() == 1
+
+
+def test_a_post_view_reads_every_byte_of_an_upload_after_its_fingerprint(
+    body_size_limit: str,
+) -> None:
+    first = upload(Client(), "POST", {"note": "a", "receipt": receipt()})
+
+    answer = json.loads(first.content)
+    expected = [["receipt.bin", hashlib.sha256(RECEIPT).hexdigest()]]
+    assert answer["uploads"] == {"receipt": expected}
+    assert answer["fields"] == {"note": ["a"]}
+
+
+def test_a_patch_over_the_limit_is_parsed_once_and_its_view_gets_the_upload() -> None:
+    # Django parses a form only for a POST; a PATCH too large to keep is parsed from its stream
+    # for the fingerprint, and the view finds the result where Django keeps a POST's.
+    with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=200):
+        first = upload(Client(), "PATCH", {"note": "a", "receipt": receipt()})
+
+    answer = json.loads(first.content)
+    assert answer["uploads"] == {"receipt": [["receipt.bin", hashlib.sha256(RECEIPT).hexdigest()]]}
+    assert answer["fields"] == {"note": ["a"]}
+
+
+@override_settings(IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS=["nonce"])
+@pytest.mark.usefixtures("body_size_limit")
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_an_ignored_field_of_an_upload_may_change(method: str) -> None:
+    client = Client()
+    first = upload(client, method, {"nonce": "1", "receipt": receipt()})
+    again = upload(client, method, {"nonce": "2", "receipt": receipt()})
+
+    assert first.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_a_body_of_exactly_the_limit_stays_readable_for_the_view(method: str) -> None:
+    body = encode_multipart("first-boundary", {"note": "a"})
+    with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=len(body)):
+        first = upload(Client(), method, {"note": "a"}, **{"X-Read-Body": "1"})
+
+    assert first.status_code == 201, first.content
+    assert json.loads(first.content)["body"] == len(body)
