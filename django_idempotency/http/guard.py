@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import BadRequest
 from django.db import DatabaseError, ProgrammingError
 from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
@@ -95,7 +96,9 @@ class Guard(contextlib.ExitStack):
             return problems.problem_response(problems.INVALID_KEY, str(exc))
         try:
             request_fingerprint = conf.FINGERPRINT(self.request)
-        except problems.BODY_ERRORS as exc:
+        except (*problems.BODY_ERRORS, BadRequest) as exc:
+            # BadRequest here is Django refusing to parse the body (a urlencoded form not in
+            # UTF-8): about the body, as the others are.
             return problems.body_problem(exc)
         try:
             # Loading the session or the user may be the request's first query.

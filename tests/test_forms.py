@@ -1,5 +1,6 @@
-"""Multipart uploads on every method: the same upload replays, another one is 422, the view reads
-every byte, whether the body fits in DATA_UPLOAD_MAX_MEMORY_SIZE or is parsed from the stream."""
+"""Forms on every method. Multipart uploads: the same upload replays, another one is 422, the view
+reads every byte, whether the body fits in DATA_UPLOAD_MAX_MEMORY_SIZE or is parsed from the
+stream. Urlencoded fields: compared as text, in the charset the request names."""
 
 from __future__ import annotations
 
@@ -113,3 +114,49 @@ def test_a_body_of_exactly_the_limit_stays_readable_for_the_view(method: str) ->
 
     assert first.status_code == 201, first.content
     assert json.loads(first.content)["body"] == len(body)
+
+
+def send_urlencoded(client: Client, method: str, body: bytes, charset: str = "utf-8") -> Any:
+    return client.generic(
+        method,
+        URL,
+        body,
+        content_type=f"application/x-www-form-urlencoded; charset={charset}",
+        headers={"Idempotency-Key": "form-1"},
+    )
+
+
+def test_a_urlencoded_post_not_in_utf_8_is_a_problem_not_an_html_page() -> None:
+    # Django refuses to parse it (urlencoded forms are UTF-8); the client learns why.
+    response = send_urlencoded(Client(), "POST", b"name=Ren%E9", charset="iso-8859-1")
+
+    problem = assert_problem(response, 400, "malformed-request")
+    assert "UTF-8" in problem["detail"]
+    assert not Charge.objects.exists()
+
+
+def test_the_same_patched_field_in_another_charset_is_the_same_request() -> None:
+    # Django parses no PATCH: its fields are read in the charset the request names, as a
+    # framework's form parser reads them.
+    method = "PATCH"
+    client = Client()
+    first = send_urlencoded(client, method, b"name=Ren%E9", charset="iso-8859-1")
+    again = send_urlencoded(client, method, b"name=Ren%C3%A9", charset="utf-8")
+    other = send_urlencoded(client, method, b"name=Rene", charset="utf-8")
+
+    assert first.status_code == 201, first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert_problem(other, 422, "key-reused")
+
+
+@override_settings(IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS=["nonce"])
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_an_ignored_urlencoded_field_may_change(method: str) -> None:
+    client = Client()
+    first = send_urlencoded(client, method, b"amount=1&nonce=1")
+    again = send_urlencoded(client, method, b"amount=1&nonce=2")
+    other = send_urlencoded(client, method, b"amount=2&nonce=1")
+
+    assert first.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert_problem(other, 422, "key-reused")
