@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -17,7 +18,7 @@ from django.utils import timezone
 from django_idempotency.attempts import Attempt
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.stores import StoreUnavailable, get_store
-from django_idempotency.stores.redis import RedisStore
+from django_idempotency.stores.redis import TAKE_OVER, RedisStore
 from tests.models import Charge
 from tests.stores import claim_request, redis_keys, redis_settings, the_record, using_store
 from tests.utils import ViewKind, assert_problem, post
@@ -131,7 +132,54 @@ def test_a_redis_cache_alias_that_is_not_django_redis_fails_the_request_naming_i
     ):
         post(Client(), URL)
 
-    assert str(error.value).startswith(
-        "IDEMPOTENCY_REDIS_CACHE = 'idempotency' is not a django-redis cache"
+    assert str(error.value) == (
+        "IDEMPOTENCY_REDIS_CACHE = 'idempotency' is not a django-redis cache: the Redis store"
+        " needs its connection (BACKEND django_redis.cache.RedisCache)."
     )
     assert Charge.objects.count() == 0
+
+
+def test_without_a_key_prefix_a_records_key_is_the_documented_layout_alone() -> None:
+    settings = redis_settings()
+    settings["CACHES"]["idempotency"]["KEY_PREFIX"] = ""
+    with override_settings(**settings):
+        key = RedisStore().record_key(SCOPE)
+
+    digest = hashlib.sha256(b"default\x00\x00key-1").hexdigest()
+    assert key == f"django_idempotency:1:{{{digest}}}"
+
+
+def test_redis_down_is_logged_with_the_alias_and_redis_error(
+    redis_down: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="django_idempotency"):
+        assert_problem(post(Client(), URL), 503, "store-unavailable")
+
+    [message] = [r.getMessage() for r in caplog.records if r.name == "django_idempotency"]
+    assert message.startswith("Idempotency store unreachable: Redis ('idempotency'): ")
+    assert "Connection refused" in message or "Error" in message
+
+
+class RacedRedisStore(RedisStore):
+    """A Redis store whose take-over meets a rival retry that took the key over first (for
+    real, on the same Redis), between reading the abandoned claim and taking it over."""
+
+    def __init__(self, later: Any) -> None:
+        super().__init__()
+        self.later = later
+
+    def _run(self, source: str, key: str, args: Any) -> Any:
+        if source is TAKE_OVER:
+            rival = RedisStore().begin(replace(claim_request(), now=self.later))
+            assert rival.outcome is Outcome.FRESH
+        return super()._run(source, key, args)
+
+
+def test_a_take_over_lost_to_a_rival_retry_is_in_progress(redis_store: RedisStore) -> None:
+    redis_store.begin(claim_request(lease=1))  # Its request died; the lease ends in a second.
+    later = timezone.now() + timedelta(seconds=2)
+
+    lost = RacedRedisStore(later).begin(replace(claim_request(), now=later))
+
+    assert lost.outcome is Outcome.IN_PROGRESS
+    assert the_record().status == "in_progress"  # The rival's claim, running.

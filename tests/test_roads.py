@@ -198,6 +198,7 @@ def test_a_replay_is_the_original_status_line_and_length(
 
     assert again["Idempotent-Replayed"] == "true"
     assert (again.status_code, again.reason_phrase) == (first.status_code, first.reason_phrase)
+    assert again.content == first.content
     if answer == "204":
         assert "Content-Length" not in again
     else:
