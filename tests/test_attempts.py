@@ -20,8 +20,7 @@ from django.urls import path
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from tests.models import Charge
-from tests.test_roads import _terminate
-from tests.utils import assert_problem, lose_database, post
+from tests.utils import assert_problem, lose_database, post, terminate
 from tests.views import function_view
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
@@ -45,7 +44,7 @@ def charge_then_lose_the_database(request: HttpRequest) -> HttpResponse:
 def charge_then_lose_the_connection(request: HttpRequest) -> HttpResponse:
     """The work is done, then the server ends this request's connection (a restart, a kill)."""
     created = Charge.objects.create(reference="killed", amount=10)
-    _terminate(connection)
+    terminate(connection)
     return JsonResponse({"id": created.pk}, status=201)
 
 
@@ -53,7 +52,7 @@ def charge_then_lose_the_connection(request: HttpRequest) -> HttpResponse:
 def charge_then_query_a_lost_connection(request: HttpRequest) -> HttpResponse:
     """The server ends this request's connection between two of the view's own queries."""
     Charge.objects.create(reference="killed", amount=10)
-    _terminate(connection)
+    terminate(connection)
     return JsonResponse({"charges": Charge.objects.count()}, status=201)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connections
 from django.test import Client, override_settings
 from django.test.client import AsyncClient
 from django.utils import timezone
@@ -175,7 +176,9 @@ def test_an_async_duplicate_waits_without_blocking_the_shared_sync_thread(
             await sync_to_async(lambda: None)()
             pings += 1
             await asyncio.sleep(0.01)
-        return await first, await duplicate, pings
+        answers = await first, await duplicate
+        await sync_to_async(connections.close_all)()  # The shared sync thread's connection.
+        return *answers, pings
 
     first, duplicate, pings = asyncio.run(scenario())
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
@@ -24,7 +23,7 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores.dialects import dialect_for
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.models import Charge
-from tests.utils import assert_problem, fingerprint_of, lose_database, post
+from tests.utils import assert_problem, fingerprint_of, lose_database, post, terminate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -372,30 +371,12 @@ def test_a_dead_persistent_connection_is_replaced_before_the_guard_answers(
     settings.IDEMPOTENCY_MODE = mode
     client = Client()
     post(client, "/function/charges/", key="warm-up")  # The connection now exists; kept open.
-    _terminate(connection)  # What a database restart does to every connection it had.
+    terminate(connection)  # What a database restart does to every connection it had.
 
     response = post(client, "/function/charges/", key="after-restart")
 
     assert response.status_code == 201, response.content
     assert Charge.objects.filter(reference="after-restart").count() == 1
-
-
-def _terminate(victim: Any) -> None:
-    """End the server process behind the `victim` connection from a connection of our own, as
-    a database administrator would."""
-    params = victim.get_connection_params()
-    if victim.vendor == "mysql":
-        import MySQLdb
-
-        with contextlib.closing(MySQLdb.connect(**params)) as admin, admin.cursor() as cursor:
-            cursor.execute("KILL %s", [victim.connection.thread_id()])
-        return
-    import psycopg
-
-    for name in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
-        params.pop(name, None)
-    with psycopg.connect(**params, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", [victim.connection.info.backend_pid])
 
 
 # 8. An async view whose client disconnects
@@ -447,6 +428,9 @@ def test_a_cancelled_async_view_runs_to_its_end_and_the_retry_replays() -> None:
 
         await handler(scope, receive, send)
         await wait_for(records.filter(status="completed"))  # The shielded view goes on.
+        # The view's queries ran on asgiref's shared sync thread: close its connection, which
+        # would otherwise outlive the test and hold the test database open.
+        await sync_to_async(connections.close_all)()
         return sent, None
 
     sent, _ = asyncio.run(scenario())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -104,3 +105,21 @@ def redis_caches(location: str) -> dict[str, dict[str, object]]:
 def clear_own_keys(alias: str = "idempotency") -> None:
     """Delete this process's keys in the Redis behind `alias` (fails loudly without Redis)."""
     caches[alias].delete_pattern("*")  # type: ignore[attr-defined]  # django-redis
+
+
+def terminate(victim: Any) -> None:
+    """End the server process behind the `victim` connection from a connection of our own, as
+    a database administrator would."""
+    params = victim.get_connection_params()
+    if victim.vendor == "mysql":
+        import MySQLdb
+
+        with contextlib.closing(MySQLdb.connect(**params)) as admin, admin.cursor() as cursor:
+            cursor.execute("KILL %s", [victim.connection.thread_id()])
+        return
+    import psycopg
+
+    for name in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        params.pop(name, None)
+    with psycopg.connect(**params, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [victim.connection.info.backend_pid])
