@@ -10,6 +10,7 @@ mutants no test reached there), with the tests that reach each function on that 
     python scripts/mutation.py                      # core, stores and http on all three
     python scripts/mutation.py http --databases sqlite
     python scripts/mutation.py --children 2         # on SQLite; the servers always take one
+    python scripts/mutation.py --alive              # after new tests: only what is still alive
 
 PG_URL and MARIADB_URL name the servers as for tox (scripts/services.sh starts them); the test
 databases are `test_idem_mutation` on each. REDIS_URL, when set, names the Redis of the Redis
@@ -63,6 +64,11 @@ def main() -> int:
     parser.add_argument("packages", nargs="*", help=f"some of {', '.join(BARS)} (default: all)")
     parser.add_argument("--databases", default=",".join(DATABASES))
     parser.add_argument("--children", type=int, default=1, help="mutants at once on SQLite")
+    parser.add_argument(
+        "--alive",
+        action="store_true",
+        help="only what an earlier run left alive, from the first database on (after new tests)",
+    )
     args = parser.parse_args()
     packages = args.packages or list(BARS)
     databases = args.databases.split(",")
@@ -70,7 +76,7 @@ def main() -> int:
         parser.error(f"unknown databases {sorted(unknown)}: choose from {', '.join(DATABASES)}")
 
     for number, database in enumerate(databases):
-        if number == 0:
+        if number == 0 and not args.alive:
             # Every mutant again: a named mutant is rerun even where mutmut has a verdict.
             names = [f"django_idempotency.{package}.*" for package in packages]
         else:
