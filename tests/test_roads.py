@@ -19,6 +19,7 @@ from django.test import Client, override_settings
 from django.test.client import encode_multipart
 from django.utils import timezone
 
+from django_idempotency.http import guard
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores.dialects import dialect_for
 from tests.factories import IdempotencyRecordFactory, UserFactory
@@ -428,6 +429,9 @@ def test_a_cancelled_async_view_runs_to_its_end_and_the_retry_replays() -> None:
 
         await handler(scope, receive, send)
         await wait_for(records.filter(status="completed"))  # The shielded view goes on.
+        deadline = time.monotonic() + 30
+        while guard._detached and time.monotonic() < deadline:  # Its task ends just after.
+            await asyncio.sleep(0.01)
         # The view's queries ran on asgiref's shared sync thread: close its connection, which
         # would otherwise outlive the test and hold the test database open.
         await sync_to_async(connections.close_all)()
@@ -436,6 +440,7 @@ def test_a_cancelled_async_view_runs_to_its_end_and_the_retry_replays() -> None:
     sent, _ = asyncio.run(scenario())
 
     assert not any(m["type"] == "http.response.start" for m in sent)  # Nobody was answered.
+    assert not guard._detached  # Held while it ran, and let go once it ended.
     assert Charge.objects.count() == 1
     again = post(Client(), "/async/charges/", {"amount": 10, "async_sleep": 0.5}, key="gone-1")
     assert again["Idempotent-Replayed"] == "true"

@@ -28,7 +28,7 @@ from django_idempotency.stores.cache import CacheTier
 from tests.factories import IdempotencyRecordFactory
 from tests.models import Charge
 from tests.stores import hold
-from tests.utils import ViewKind, post, redis_caches
+from tests.utils import ViewKind, assert_problem, post, redis_caches
 
 
 @pytest.fixture
@@ -116,6 +116,25 @@ def test_an_async_duplicate_that_gives_up_waiting_signals_one_conflict_with_its_
     # The time it waited (0.3 s and what the tries took), not a clock reading.
     assert 0.3 <= kwargs["duration"] < 60
     assert kwargs["request"].path == ViewKind.ASYNC_FUNCTION.url
+    assert Charge.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=0)
+def test_an_async_duplicate_with_no_time_to_wait_is_409_at_once(
+    received: list[tuple[str, dict[str, Any]]],
+) -> None:
+    hold(Scope("default", "", "held"), ViewKind.ASYNC_FUNCTION.url, {"amount": 10})
+
+    response = async_to_sync(AsyncClient().post)(
+        ViewKind.ASYNC_FUNCTION.url,
+        {"amount": 10},
+        "application/json",
+        headers={"Idempotency-Key": "held"},
+    )
+
+    assert_problem(response, 409, "request-in-progress")
+    assert [outcome for outcome, _ in received] == ["conflict"]
     assert Charge.objects.count() == 0
 
 
