@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connections
+from django.db import connection, connections
 from django.test import Client, override_settings
 from django.test.client import AsyncClient
 from django.utils import timezone
@@ -188,6 +188,49 @@ def test_an_async_duplicate_waits_without_blocking_the_shared_sync_thread(
     assert Charge.objects.count() == 1
     assert blocking_sleeps == []
     assert pings >= 10  # It kept running all along the wait.
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=5)
+@pytest.mark.parametrize("first_request", ["completes", "fails"])
+def test_an_async_duplicate_keeps_its_views_options_and_lease_mode_through_every_try(
+    first_request: str,
+) -> None:
+    url = "/async-cbv/charges/"  # idempotency_namespace = "async-cbv"
+    held = hold(Scope("async-cbv", "", "waited"), url, {"amount": 10})
+
+    async def scenario() -> tuple[Any, bool]:
+        waiting = asyncio.ensure_future(
+            AsyncClient().post(
+                url, {"amount": 10}, "application/json", headers={"Idempotency-Key": "waited"}
+            )
+        )
+        await asyncio.sleep(0.3)  # It has tried at least once, and waits.
+        store = get_store()
+        if first_request == "completes":
+            done = StoredResponse(201, [("Content-Type", "application/json")], b'{"held": true}')
+            assert await sync_to_async(store.complete)(held, done, timezone.now())
+        else:
+            assert await sync_to_async(store.release)(held)
+        response = await waiting
+        in_transaction = await sync_to_async(lambda: connection.in_atomic_block)()
+        await sync_to_async(connections.close_all)()
+        return response, in_transaction
+
+    response, in_transaction = asyncio.run(scenario())
+
+    # Each try looks in its view's namespace and runs leased, as async views do: no try leaves
+    # a transaction open behind it, and what the duplicate did is kept.
+    assert not in_transaction
+    if first_request == "completes":
+        assert response["Idempotent-Replayed"] == "true"
+        assert response.content == b'{"held": true}'
+        assert Charge.objects.count() == 0
+    else:
+        assert response.status_code == 201
+        assert "Idempotent-Replayed" not in response
+        assert Charge.objects.count() == 1
+        assert IdempotencyRecord.objects.get(namespace="async-cbv").status == "completed"
 
 
 @pytest.mark.django_db(transaction=True)
