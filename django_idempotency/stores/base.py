@@ -162,11 +162,6 @@ class HeldKey:
     lease_expires_at: datetime | None
     expires_at: datetime
 
-    @property
-    def record_id(self) -> int | None:
-        """The row's id, where the store has rows."""
-        return None
-
     def stored_response(self) -> StoredResponse:
         raise NotImplementedError
 
@@ -189,10 +184,10 @@ class HeldKey:
             == (request.fingerprint, request.method, request.path),
         )
         if outcome is not Outcome.REPLAY:
-            return Claim(outcome, record_id=self.record_id, lease_expires_at=self.lease_expires_at)
+            return Claim(outcome)  # A 409 or a 422: the outcome is all there is to answer.
+        # What a replay answers with, and what the cache tier keeps of it.
         return Claim(
             outcome,
-            record_id=self.record_id,
             response=self.stored_response(),
             scope=request.scope,
             fingerprint=self.fingerprint,

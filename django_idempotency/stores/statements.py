@@ -70,10 +70,6 @@ class RecordRow(HeldKey):
             claimed=True,
         )
 
-    @property
-    def record_id(self) -> int:
-        return self.pk
-
     def stored_response(self) -> StoredResponse:
         return StoredResponse(
             status=self.response_status or 200,
