@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test import override_settings
 
 from django_idempotency.models import IdempotencyRecord
@@ -51,6 +51,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"database: {database_under_test()} (tests marked for other databases are deselected)"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def json_support_known(django_db_setup: None, django_db_blocker: Any) -> None:
+    """Django 6 runs the model checks (`manage.py check`, `run_checks()`) on every database, and
+    the JSONField check asks each whether it supports JSON, SQLite and MariaDB with a query: a
+    test of the checks without database access would fail, or pass only after a test that
+    queried. Ask once, for real, here. The second database ("records"), set up only for the
+    tests that use it, is on the same server: the same answer."""
+    with django_db_blocker.unblock():
+        supported = connections["default"].features.supports_json_field
+    connections["records"].features.__dict__["supports_json_field"] = supported
 
 
 @pytest.fixture(autouse=True)
@@ -149,9 +161,14 @@ def celery_app() -> Iterator[Any]:
 
 
 @pytest.fixture
-def worker(celery_app: Any) -> Iterator[None]:
+def worker(celery_app: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A worker in this process, so its tasks use the test database; it stops with the test."""
     from celery.contrib.testing.worker import start_worker
+
+    # Celery runs Django's system checks as a worker starts; in a test they would query every
+    # database in DATABASES, the second one too, which only its own tests may touch. (The checks
+    # have tests of their own.)
+    monkeypatch.setenv("CELERY_SKIP_CHECKS", "1")
 
     with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
         yield
