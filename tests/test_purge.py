@@ -7,7 +7,7 @@ import logging
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord
@@ -145,6 +145,30 @@ def test_the_stores_purge_called_with_the_time_alone_deletes_in_batches_of_a_tho
     assert seen == [1000, 1001]
     assert result == PurgeResult(expired=1001, abandoned=0, batches=2)
     assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_the_purge_leaves_a_row_another_transaction_holds_and_does_not_wait_for_it() -> None:
+    held, _ = _make_expired(2)
+    # Another connection holds a lock on one expired row, as a claim taking it over does.
+    other = connections.create_connection("default")
+    other.set_autocommit(False)
+    table = IdempotencyRecord._meta.db_table
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [held.pk])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '5s'")  # Waiting for it would fail, not hang.
+        report = purge_expired_records()
+    finally:
+        other.rollback()
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+
+    assert report.total == 1
+    assert _remaining() == {held.pk}
 
 
 def test_progress_is_called_after_each_batch_with_the_running_counts() -> None:
