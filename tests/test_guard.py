@@ -187,7 +187,9 @@ def test_an_async_duplicate_waits_without_blocking_the_shared_sync_thread(
     assert duplicate.content == first.content
     assert Charge.objects.count() == 1
     assert blocking_sleeps == []
-    assert pings >= 10  # It kept running all along the wait.
+    # The shared sync thread answered other calls while the duplicate waited: more than once (how
+    # often depends on the machine's speed, which is no part of the test).
+    assert pings >= 2
 
 
 @pytest.mark.django_db(transaction=True)
