@@ -95,20 +95,23 @@ def test_signals_outside_http_carry_no_request(
     assert [kwargs["request"] for _, kwargs in received] == [None, None, None]
 
 
-@pytest.mark.django_db(transaction=True)
-@override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=0.3)
-def test_an_async_duplicate_that_gives_up_waiting_signals_one_conflict_with_its_wait(
-    received: list[tuple[str, dict[str, Any]]],
-) -> None:
+def duplicate_of_a_held_request() -> Any:
+    """An async view's duplicate of a request still running (its key held): the response."""
     hold(Scope("default", "", "held"), ViewKind.ASYNC_FUNCTION.url, {"amount": 10})
-    client = AsyncClient()
-
-    response = async_to_sync(client.post)(
+    return async_to_sync(AsyncClient().post)(
         ViewKind.ASYNC_FUNCTION.url,
         {"amount": 10},
         "application/json",
         headers={"Idempotency-Key": "held"},
     )
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=0.3)
+def test_an_async_duplicate_that_gives_up_waiting_signals_one_conflict_with_its_wait(
+    received: list[tuple[str, dict[str, Any]]],
+) -> None:
+    response = duplicate_of_a_held_request()
 
     assert response.status_code == 409
     [(outcome, kwargs)] = received  # Not one per try: one for the request.
@@ -124,14 +127,7 @@ def test_an_async_duplicate_that_gives_up_waiting_signals_one_conflict_with_its_
 def test_an_async_duplicate_with_no_time_to_wait_is_409_at_once(
     received: list[tuple[str, dict[str, Any]]],
 ) -> None:
-    hold(Scope("default", "", "held"), ViewKind.ASYNC_FUNCTION.url, {"amount": 10})
-
-    response = async_to_sync(AsyncClient().post)(
-        ViewKind.ASYNC_FUNCTION.url,
-        {"amount": 10},
-        "application/json",
-        headers={"Idempotency-Key": "held"},
-    )
+    response = duplicate_of_a_held_request()
 
     assert_problem(response, 409, "request-in-progress")
     assert [outcome for outcome, _ in received] == ["conflict"]

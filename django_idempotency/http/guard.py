@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import BadRequest
 from django.db import DatabaseError, ProgrammingError
 from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
@@ -96,9 +95,7 @@ class Guard(contextlib.ExitStack):
             return problems.problem_response(problems.INVALID_KEY, str(exc))
         try:
             request_fingerprint = conf.FINGERPRINT(self.request)
-        except (*problems.BODY_ERRORS, BadRequest) as exc:
-            # BadRequest here is Django refusing to parse the body (a urlencoded form not in
-            # UTF-8): about the body, as the others are.
+        except problems.FINGERPRINT_ERRORS as exc:
             return problems.body_problem(exc)
         try:
             # Loading the session or the user may be the request's first query.

@@ -6,7 +6,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.core.exceptions import BadRequest, RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 
@@ -85,6 +85,10 @@ BODY_ERRORS = (
     UnreadablePostError,
     UnreadableBody,
 )
+# What computing a fingerprint may raise, the client's to correct: the above, and Django refusing
+# to parse a body at all (a urlencoded form not in UTF-8). Not in BODY_ERRORS, which a DRF view
+# matches against any exception, its own BadRequest included.
+FINGERPRINT_ERRORS = (*BODY_ERRORS, BadRequest)
 
 
 def body_problem(exc: Exception) -> ProblemResponse:
