@@ -84,10 +84,18 @@ start_mariadb() {
   echo "MariaDB ready on 127.0.0.1:$MARIADB_PORT"
 }
 
-# Stops the server only if start_mariadb started it.
+# Stops the server only if start_mariadb started it, and returns once it has exited: over TCP,
+# mariadb-admin's shutdown only asks for it, and the server goes on answering its open
+# connections for a moment (a test that cuts the database off must not see one more answer).
 stop_mariadb() {
   if [ "${MARIADB_STARTED_HERE:-0}" = "1" ]; then
+    local pid
+    pid="$(cat "$MARIADB_DIR/mariadb.pid" 2>/dev/null || true)"
     mariadb-admin --no-defaults -uroot -h127.0.0.1 -P"$MARIADB_PORT" shutdown >/dev/null 2>&1 || true
+    for _ in $(seq 300); do
+      { [ -z "$pid" ] || [ ! -e "/proc/$pid" ]; } && break
+      sleep 0.1
+    done
   fi
 }
 
