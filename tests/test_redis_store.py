@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 from django.utils import timezone
@@ -20,7 +21,14 @@ from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.stores import StoreUnavailable, get_store
 from django_idempotency.stores.redis import TAKE_OVER, RedisStore
 from tests.models import Charge
-from tests.stores import claim_request, redis_keys, redis_settings, the_record, using_store
+from tests.stores import (
+    REDIS_URL,
+    claim_request,
+    redis_keys,
+    redis_settings,
+    the_record,
+    using_store,
+)
 from tests.utils import ViewKind, assert_problem, post
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
@@ -183,3 +191,27 @@ def test_a_take_over_lost_to_a_rival_retry_is_in_progress(redis_store: RedisStor
 
     assert lost.outcome is Outcome.IN_PROGRESS
     assert the_record().status == "in_progress"  # The rival's claim, running.
+
+
+def test_with_a_replica_configured_records_are_written_and_read_on_the_primary() -> None:
+    # django-redis sends reads to a replica (every LOCATION after the first) unless asked for
+    # the primary: a claim read from a lagging replica would miss the rival's claim. Database 4
+    # of the same server stands in for the replica here.
+    primary, replica = f"{REDIS_URL}/3", f"{REDIS_URL}/4"
+    settings = redis_settings()
+    settings["CACHES"]["idempotency"]["LOCATION"] = [primary, replica]
+    with override_settings(**settings):
+        store = get_store()
+        assert isinstance(store, RedisStore)
+        key = store.record_key(SCOPE)
+        try:
+            first = post(Client(), URL, {"amount": 5})
+            retry = post(Client(), URL, {"amount": 5})
+            on = {url: redis.Redis.from_url(url).exists(key) for url in (primary, replica)}
+        finally:
+            for url in (primary, replica):
+                redis.Redis.from_url(url).delete(key)
+
+    assert (first.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+    assert on == {primary: 1, replica: 0}
+    assert Charge.objects.count() == 1
