@@ -9,12 +9,12 @@ mutants no test reached there), with the tests that reach each function on that 
 
     python scripts/mutation.py                      # core, stores and http on all three
     python scripts/mutation.py http --databases sqlite
-    python scripts/mutation.py --children 2         # on SQLite; the servers always take one
+    python scripts/mutation.py --children 2         # two mutants at once
     python scripts/mutation.py --alive              # after new tests: only what is still alive
 
-PG_URL and MARIADB_URL name the servers as for tox (scripts/services.sh starts them); the test
-databases are `test_idem_mutation` on each. REDIS_URL, when set, names the Redis of the Redis
-store's and the cache tier's tests.
+PG_URL and MARIADB_URL name the servers as for tox (scripts/services.sh starts them); each
+mutant's run makes test databases of its own there (`test_idem_mutation_<pid>`). REDIS_URL, when
+set, names the Redis of the Redis store's and the cache tier's tests.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def run_mutmut(database: str, names: list[str], children: int) -> None:
     # The tests that reach a function differ per database (tests marked for one database only
     # run there): mutmut collects them again when its stats file is gone.
     (MUTANTS / "mutmut-stats.json").unlink(missing_ok=True)
-    env = {**os.environ, "DATABASE_URL": database_url(database)}
+    # Each mutant's run creates test databases of its own name (tests/conftest.py), so several
+    # can run side by side on one server.
+    env = {**os.environ, "DATABASE_URL": database_url(database), "TEST_DATABASE_PER_PROCESS": "1"}
     print(f"mutmut on {database}: {len(names)} mutants or globs", flush=True)
     command = ["mutmut", "run", "--max-children", str(children), *names]
     subprocess.run(command, env=env, check=True)
@@ -63,7 +65,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="*", help=f"some of {', '.join(BARS)} (default: all)")
     parser.add_argument("--databases", default=",".join(DATABASES))
-    parser.add_argument("--children", type=int, default=1, help="mutants at once on SQLite")
+    parser.add_argument("--children", type=int, default=1, help="mutants run at once")
     parser.add_argument(
         "--alive",
         action="store_true",
@@ -83,8 +85,7 @@ def main() -> int:
             names = alive(packages)
             if not names:
                 break
-        # A server's test database has one name: one mutant at a time there.
-        run_mutmut(database, names, args.children if database == "sqlite" else 1)
+        run_mutmut(database, names, args.children)
     return gate(packages)
 
 

@@ -84,13 +84,18 @@ def built_afresh() -> None:
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
     """Name SQLite's test database file after the process that sets it up, not the one that
     imported the settings: processes forked after import (xdist workers, mutation testing) or
-    tox envs side by side never share, and so never wipe, one file."""
+    tox envs side by side never share, and so never wipe, one file. With
+    TEST_DATABASE_PER_PROCESS=1 (scripts/mutation.py sets it), a server's test databases are
+    named after the process too, so that runs side by side on one server do not collide."""
     from django.conf import settings
 
     for alias, database in settings.DATABASES.items():
+        test = database.setdefault("TEST", {})
         if database["ENGINE"].endswith("sqlite3"):
             name = f"django-idempotency-test-{alias}-{os.getpid()}.sqlite3"
-            database.setdefault("TEST", {})["NAME"] = os.path.join(tempfile.gettempdir(), name)
+            test["NAME"] = os.path.join(tempfile.gettempdir(), name)
+        elif os.environ.get("TEST_DATABASE_PER_PROCESS") == "1":
+            test["NAME"] = f"{test.get('NAME') or 'test_' + database['NAME']}_{os.getpid()}"
 
 
 @pytest.fixture
