@@ -19,11 +19,13 @@ from django.test import Client, override_settings
 from django.test.client import encode_multipart
 from django.utils import timezone
 
+from django_idempotency.core.outcomes import Scope
 from django_idempotency.http import guard
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores.dialects import dialect_for
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.models import Charge
+from tests.stores import hold
 from tests.utils import assert_problem, fingerprint_of, lose_database, post, terminate
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -227,6 +229,51 @@ def test_without_time_zones_replays_expiry_and_purge_work(settings: Any, mode: s
 
     IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
     assert purge_expired_records().total == 1
+
+
+# 3b. A database kept in local time (DATABASES[alias]["TIME_ZONE"], on SQLite and MariaDB)
+
+
+@pytest.fixture(params=["America/New_York", "Asia/Tokyo"])
+def database_in_local_time(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The default database keeps its datetimes in this time zone, as a legacy one may."""
+    if connection.features.supports_timezones:
+        pytest.skip("PostgreSQL keeps time zones itself: Django refuses a TIME_ZONE for it")
+    with override_settings(USE_TZ=True):  # Django refuses it without USE_TZ.
+        connection.settings_dict["TIME_ZONE"] = request.param
+        _forget_time_zone()
+        try:
+            yield request.param
+        finally:
+            connection.settings_dict["TIME_ZONE"] = None
+            _forget_time_zone()
+
+
+def _forget_time_zone() -> None:
+    for cached in ("timezone", "timezone_name"):
+        connection.__dict__.pop(cached, None)
+
+
+def test_a_database_in_local_time_replays_holds_and_expires_keys(
+    database_in_local_time: str,
+) -> None:
+    # The store writes its times in the database's time zone, as the ORM does; read back as
+    # UTC they would be hours off (east of UTC, a record replayed hours after it expired).
+    url, client = "/function/charges/", Client()
+    first = post(client, url)
+    again = post(client, url)
+    hold(Scope("default", "", "held"), url, {"amount": 10})
+    busy = post(client, url, key="held")
+    IdempotencyRecord.objects.filter(key="key-1").update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    after_expiry = post(client, url)
+
+    assert (first.status_code, again["Idempotent-Replayed"]) == (201, "true")
+    assert_problem(busy, 409, "request-in-progress")
+    assert after_expiry.status_code == 201
+    assert "Idempotent-Replayed" not in after_expiry
+    assert Charge.objects.count() == 2
 
 
 # 4. A take-over that loses its race

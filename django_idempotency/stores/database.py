@@ -167,7 +167,7 @@ class DatabaseStore(BaseStore):
         if columns[0] is None:
             # The identity lock was free (not this same request) and the key's lock was not.
             return None, bool(free) and not acquired
-        return replace(statements.to_row(columns), acquired=bool(acquired)), False
+        return replace(statements.to_row(columns, connection), acquired=bool(acquired)), False
 
     def _insert_or_find_mariadb(
         self,
@@ -380,7 +380,7 @@ def _fetch_one(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> 
     with statements.cursor(connection) as cursor:
         cursor.execute(sql, params)
         values = cursor.fetchone()
-    return None if values is None else statements.to_row(values)
+    return None if values is None else statements.to_row(values, connection)
 
 
 def _is_busy(connection: BaseDatabaseWrapper, exc: Exception) -> bool:

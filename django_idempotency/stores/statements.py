@@ -7,13 +7,12 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from django_idempotency.core.outcomes import Status, StoredResponse
 from django_idempotency.stores.base import ClaimRequest, HeldKey
@@ -79,7 +78,7 @@ class RecordRow(HeldKey):
         )
 
 
-def to_row(values: Sequence[Any]) -> RecordRow:
+def to_row(values: Sequence[Any], connection: BaseDatabaseWrapper) -> RecordRow:
     """Decode the RECORD_COLUMNS of one result row; SQLite hands back text where PostgreSQL
     has types."""
     (
@@ -105,25 +104,22 @@ def to_row(values: Sequence[Any]) -> RecordRow:
         response_reason=str(response_reason or ""),
         response_headers=json.loads(headers) if isinstance(headers, (str, bytes)) else headers,
         response_body=None if body is None else bytes(body),
-        lease_expires_at=_datetime(lease_expires_at),
-        expires_at=_datetime(expires_at),  # type: ignore[arg-type]
+        lease_expires_at=_datetime(lease_expires_at, connection),
+        expires_at=_datetime(expires_at, connection),  # type: ignore[arg-type]
     )
 
 
-def _datetime(value: Any) -> datetime | None:
-    """A column's datetime as `django.utils.timezone.now()` gives them: aware in UTC with
-    USE_TZ, naive local time without, so the two always compare."""
-    if value is None:
-        return None
-    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
-    if parsed is None:
-        return None
-    if settings.USE_TZ:
-        # SQLite hands back naive text, stored in UTC.
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    if parsed.tzinfo is not None:  # PostgreSQL's timestamptz: to the project's time zone.
-        return timezone.make_naive(parsed)
-    return parsed
+def _datetime(value: datetime | None, connection: BaseDatabaseWrapper) -> datetime | None:
+    """A column's datetime as `django.utils.timezone.now()` gives them: aware with USE_TZ,
+    naive local time without, so the two always compare.
+
+    Django has every driver hand back datetimes (it registers SQLite's converter for the column
+    type): PostgreSQL's aware with USE_TZ, the others' naive in the connection's time zone
+    (UTC unless DATABASES sets its TIME_ZONE), as the ORM reads them.
+    """
+    if value is None or value.tzinfo is not None or not settings.USE_TZ:
+        return value
+    return timezone.make_aware(value, connection.timezone)
 
 
 @contextmanager
