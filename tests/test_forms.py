@@ -13,6 +13,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, override_settings
 from django.test.client import encode_multipart
 
+from tests.factories import UserFactory
 from tests.models import Charge
 from tests.utils import assert_problem
 
@@ -160,3 +161,93 @@ def test_an_ignored_urlencoded_field_may_change(method: str) -> None:
     assert first.status_code == 201
     assert again["Idempotent-Replayed"] == "true"
     assert_problem(other, 422, "key-reused")
+
+
+# Behind DRF, whose session authentication checks CSRF by reading the form first
+
+
+@pytest.fixture
+def drf_session() -> Client:
+    """A logged-in browser holding its CSRF token: DRF checks it, reading the form."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(UserFactory())
+    client.cookies["csrftoken"] = "a" * 32
+    return client
+
+
+def drf_upload(client: Client, fields: dict[str, Any], **headers: str) -> Any:
+    body = encode_multipart("first-boundary", {**fields, "csrfmiddlewaretoken": "a" * 32})
+    return client.post(
+        "/viewset/uploads/",
+        body,
+        content_type="multipart/form-data; boundary=first-boundary",
+        headers={"Idempotency-Key": "upload-1", "X-CSRFToken": "a" * 32, **headers},
+    )
+
+
+def test_behind_drfs_csrf_check_the_view_can_still_read_the_body(drf_session: Client) -> None:
+    # The mixin keeps a body that fits in memory before DRF's CSRF check parses the form from
+    # the stream, so the view may read request.body as well as the form.
+    first = drf_upload(drf_session, {"note": "a", "receipt": receipt()}, **{"X-Read-Body": "1"})
+
+    assert first.status_code == 201, first.content
+    answer = json.loads(first.content)
+    assert answer["uploads"] == {"receipt": [["receipt.bin", hashlib.sha256(RECEIPT).hexdigest()]]}
+    assert answer["body"] > len(RECEIPT)
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=200)
+def test_behind_drfs_csrf_check_an_upload_over_the_limit_runs_once_and_replays(
+    drf_session: Client,
+) -> None:
+    # Too large to keep, the body is left to the stream: Django holds only the fields to the
+    # limit, so the upload is allowed, and its fingerprint is taken from the parsed form.
+    first = drf_upload(drf_session, {"note": "a", "receipt": receipt()})
+    again = drf_upload(drf_session, {"note": "a", "receipt": receipt()})
+    other = drf_upload(drf_session, {"note": "a", "receipt": receipt(b"another receipt")})
+
+    assert first.status_code == 201, first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert_problem(other, 422, "key-reused")
+    assert Charge.objects.count() == 1
+
+
+def reads_the_form(get_response: Any) -> Any:
+    """A middleware that reads a POST's form, as a logging or tenant middleware may."""
+
+    def middleware(request: Any) -> Any:
+        request.POST  # noqa: B018 - reading it is the point.
+        return get_response(request)
+
+    return middleware
+
+
+def test_behind_drf_a_form_a_middleware_parsed_first_still_runs_once(
+    settings: Any, drf_session: Client
+) -> None:
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "tests.test_forms.reads_the_form"]
+
+    first = drf_upload(drf_session, {"note": "a", "receipt": receipt()})
+    again = drf_upload(drf_session, {"note": "a", "receipt": receipt()})
+
+    assert first.status_code == 201, first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_a_content_length_that_is_not_a_number_is_read_as_django_reads_it(method: str) -> None:
+    # WSGI servers refuse such a request; one passed on anyway gets what Django reads of it (no
+    # body at all), never a 500.
+    body = encode_multipart("first-boundary", {"note": "a"})
+    first = Client().generic(
+        method,
+        URL,
+        body,
+        content_type="multipart/form-data; boundary=first-boundary",
+        headers={"Idempotency-Key": "length-1"},
+        CONTENT_LENGTH="nonsense",
+    )
+
+    assert first.status_code == 201, first.content
+    assert json.loads(first.content)["fields"] == {}

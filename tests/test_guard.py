@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connection, connections
+from django.db import ProgrammingError, connection, connections
 from django.test import Client, override_settings
 from django.test.client import AsyncClient
 from django.utils import timezone
@@ -127,6 +127,24 @@ def test_a_missing_records_table_is_503_and_the_log_says_run_migrate(
         "Idempotency store unusable: The table django_idempotency_record does not exist in the"
         " database 'default': run `python manage.py migrate django_idempotency`."
     ]
+
+
+@pytest.mark.postgresql  # The others report a missing column as an OperationalError.
+@pytest.mark.django_db(transaction=True)
+def test_any_other_schema_error_is_raised_not_answered_as_an_outage(client: Client) -> None:
+    # A column the store's statements name is gone (say, a hand-made change): a programming
+    # error, raised with its traceback, not a 503 that would hide it.
+    table = IdempotencyRecord._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} RENAME COLUMN fingerprint TO fingerprint_away")
+    try:
+        with pytest.raises(ProgrammingError, match="fingerprint"):
+            post(client, URL)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} RENAME COLUMN fingerprint_away TO fingerprint")
+
+    assert Charge.objects.count() == 0
 
 
 @pytest.mark.usefixtures("database_down")

@@ -237,8 +237,6 @@ def test_without_time_zones_replays_expiry_and_purge_work(settings: Any, mode: s
 @pytest.fixture(params=["America/New_York", "Asia/Tokyo"])
 def database_in_local_time(request: pytest.FixtureRequest) -> Iterator[str]:
     """The default database keeps its datetimes in this time zone, as a legacy one may."""
-    if connection.features.supports_timezones:
-        pytest.skip("PostgreSQL keeps time zones itself: Django refuses a TIME_ZONE for it")
     with override_settings(USE_TZ=True):  # Django refuses it without USE_TZ.
         connection.settings_dict["TIME_ZONE"] = request.param
         _forget_time_zone()
@@ -254,6 +252,8 @@ def _forget_time_zone() -> None:
         connection.__dict__.pop(cached, None)
 
 
+@pytest.mark.sqlite  # PostgreSQL keeps time zones itself: Django refuses a TIME_ZONE for it.
+@pytest.mark.mariadb
 def test_a_database_in_local_time_replays_holds_and_expires_keys(
     database_in_local_time: str,
 ) -> None:

@@ -13,6 +13,7 @@ router.register("viewset/charges", views.ChargeViewSet, basename="charges")
 router.register("private/charges", views.PrivateChargeViewSet, basename="private-charges")
 router.register("throttled/charges", views.ThrottledChargeViewSet, basename="throttled-charges")
 router.register("leased/charges", views.LeasedChargeViewSet, basename="leased-charges")
+router.register("viewset/uploads", views.UploadViewSet, basename="uploads")
 
 urlpatterns = [
     path("admin/", admin.site.urls),

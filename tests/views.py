@@ -233,6 +233,17 @@ def upload_view(request: HttpRequest) -> HttpResponse:
     """Answers with what it read: each upload's name and the SHA-256 of its content, the form's
     fields (Django parses them for a POST, and for any method whose body the guard parsed), and,
     asked by X-Read-Body, the length of `request.body`."""
+    return JsonResponse(_what_was_uploaded(request), status=201)
+
+
+class UploadViewSet(IdempotencyMixin, viewsets.ViewSet):
+    """upload_view behind DRF: its session authentication checks CSRF, which reads a form."""
+
+    def create(self, request: Request) -> Response:
+        return Response(_what_was_uploaded(request), status=201)
+
+
+def _what_was_uploaded(request: Any) -> dict[str, Any]:
     uploads = {
         field: [[f.name, hashlib.sha256(f.read()).hexdigest()] for f in files]
         for field, files in request.FILES.lists()
@@ -241,7 +252,7 @@ def upload_view(request: HttpRequest) -> HttpResponse:
     if "X-Read-Body" in request.headers:
         answer["body"] = len(request.body)
     created = Charge.objects.create(reference=request.headers.get("Idempotency-Key", ""), amount=0)
-    return JsonResponse({"id": created.pk, **answer}, status=201)
+    return {"id": created.pk, **answer}
 
 
 @idempotent

@@ -51,9 +51,9 @@ def request_fingerprint(request: Any) -> str:
     ignore = conf.FINGERPRINT_IGNORE_FIELDS
     media_type = http_request.content_type or ""
     if media_type == _MULTIPART:
-        body = _canonical_multipart(request, http_request)
+        body = _canonical_multipart(http_request)
     elif media_type == _FORM:
-        body = _canonical_form(request, http_request)
+        body = _canonical_form(http_request)
     else:
         raw = _readable_body(http_request)
         if raw is not None:
@@ -86,14 +86,12 @@ def _stream_read(http_request: HttpRequest) -> bool:
     return bool(getattr(http_request, "_read_started", False))
 
 
-def _canonical_form(request: Any, http_request: HttpRequest) -> bytes:
+def _canonical_form(http_request: HttpRequest) -> bytes:
     """Form fields as Django parses them, with its limit on their number, for every method."""
     ignore = conf.FINGERPRINT_IGNORE_FIELDS
     raw = _readable_body(http_request)
-    if http_request.method == "POST":
-        data = http_request.POST
-    elif raw is None:  # A parser (a framework's) read the stream first: compare what it parsed.
-        data = request.POST
+    if http_request.method == "POST" or raw is None:
+        data = _parsed(http_request)[0]
     else:
         try:
             raw.decode()
@@ -103,22 +101,19 @@ def _canonical_form(request: Any, http_request: HttpRequest) -> bytes:
     return canonical_form(_pairs(data), ignore)
 
 
-def _canonical_multipart(request: Any, http_request: HttpRequest) -> bytes:
+def _canonical_multipart(http_request: HttpRequest) -> bytes:
     """Fields and file digests, parsed as Django parses a POST, for every method."""
     raw = _readable_body(http_request) if _fits_in_memory(http_request) else None
     if raw is not None and http_request.method != "POST":
         # Django parses forms for POST only; a PATCH's fields count all the same.
         data, uploads = http_request.parse_file_upload(http_request.META, BytesIO(raw))
     else:
-        if raw is None and http_request.method != "POST" and not _stream_read(http_request):
+        if raw is None and not _stream_read(http_request):
             # Too large to hold: parse from the stream as Django does for a POST, and keep the
             # result where Django (and a framework reading its request) looks for it.
             parsed = http_request.parse_file_upload(http_request.META, http_request)
             http_request._post, http_request._files = parsed  # type: ignore[attr-defined]
-        # A POST's form as Django parsed it, from the kept body or from the stream (CSRF reads
-        # it first); otherwise what a parser (a framework's) that consumed the stream made of it.
-        source = http_request if http_request.method == "POST" else request
-        data, uploads = source.POST, source.FILES
+        data, uploads = _parsed(http_request)
     files = []
     for name, items in uploads.lists():
         for upload in items:
@@ -128,6 +123,13 @@ def _canonical_multipart(request: Any, http_request: HttpRequest) -> bytes:
             upload.seek(0)  # The view reads the file next.
             files.append((name, upload.name or "", digest.hexdigest()))
     return canonical_multipart(_pairs(data), files, conf.FINGERPRINT_IGNORE_FIELDS)
+
+
+def _parsed(http_request: HttpRequest) -> tuple[Any, Any]:
+    """The form as parsed where Django looks for it: Django's parse of a POST, ours of a large
+    multipart body, or what a framework's parser made of a stream it read first (DRF copies its
+    parse of a form onto the HttpRequest it wraps)."""
+    return http_request.POST, http_request.FILES
 
 
 def _fits_in_memory(http_request: HttpRequest) -> bool:
