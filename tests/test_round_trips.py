@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -74,3 +75,44 @@ def test_a_caller_transaction_keeps_its_own_begin_and_commit(atomic_requests: No
         # to end, so its COMMIT goes on its own round trip, as without the guard. A replay runs
         # the lookup where the plain request ran the view's statement.
         assert (_trips(client, "fresh") - plain, _trips(client, "fresh") - plain) == (3, 0)
+
+
+@pytest.fixture
+def repeatable_read() -> Iterator[None]:
+    """The connection at REPEATABLE READ, as DATABASES' OPTIONS "isolation_level" sets it."""
+    from psycopg import IsolationLevel
+
+    options = connection.settings_dict["OPTIONS"]
+    connection.close()
+    options["isolation_level"] = IsolationLevel.REPEATABLE_READ
+    try:
+        yield
+    finally:
+        del options["isolation_level"]
+        connection.close()
+
+
+@pytest.mark.usefixtures("repeatable_read")
+def test_an_isolation_level_the_project_sets_keeps_psycopgs_own_begin() -> None:
+    # psycopg's BEGIN carries the level (BEGIN ISOLATION LEVEL ...): the guard leaves it to
+    # psycopg, on a round trip of its own, rather than open the transaction at the default.
+    client = Client()
+    levels: list[str] = []
+
+    def level_of_the_views_insert(execute: Any, sql: str, *args: Any) -> Any:
+        result = execute(sql, *args)
+        if sql.startswith("INSERT INTO") and "charge" in sql:
+            with connection.connection.cursor() as cursor:  # Inside the view's transaction.
+                cursor.execute("SHOW transaction_isolation")
+                levels.append(cursor.fetchone()[0])
+        return result
+
+    with override_settings(IDEMPOTENCY_MODE="atomic"):
+        _trips(client, None)
+        plain = _trips(client, None)
+        fresh = _trips(client, "fresh")
+        with connection.execute_wrapper(level_of_the_views_insert):
+            post(client, URL, key="another")
+
+    assert fresh - plain == 4
+    assert levels == ["repeatable read"]
