@@ -1,8 +1,10 @@
-"""Records on a database of their own (IDEMPOTENCY_DATABASE): every step of a key happens there."""
+"""Records on a database of their own (IDEMPOTENCY_DATABASE, or a router): every step of a key
+happens there."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.test import Client, override_settings
@@ -21,9 +23,23 @@ pytestmark = [
 URL = "/function/charges/"
 
 
-@pytest.fixture(autouse=True)
-def records_apart(mode: str) -> object:
-    with override_settings(IDEMPOTENCY_DATABASE="records", IDEMPOTENCY_MODE=mode):
+class RecordsRouter:
+    """Sends the package's records to the "records" database, as a project's router may."""
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return "records" if model._meta.app_label == "django_idempotency" else None
+
+    db_for_read = db_for_write
+
+
+@pytest.fixture(autouse=True, params=["IDEMPOTENCY_DATABASE", "DATABASE_ROUTERS"])
+def records_apart(request: pytest.FixtureRequest, mode: str) -> object:
+    """The records sent to "records" by the package's setting, or by the project's router."""
+    if request.param == "IDEMPOTENCY_DATABASE":
+        apart: dict[str, Any] = {"IDEMPOTENCY_DATABASE": "records"}
+    else:
+        apart = {"DATABASE_ROUTERS": [f"{__name__}.RecordsRouter"]}
+    with override_settings(**apart, IDEMPOTENCY_MODE=mode):
         yield
 
 
