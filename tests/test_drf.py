@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
-from django.test import Client
+from django.test import Client, override_settings
+from django.urls import path
+from rest_framework import permissions
 from rest_framework.decorators import api_view
+from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import UserFactory
 from tests.models import Charge
-from tests.utils import post
+from tests.utils import assert_problem, post
 
 pytestmark = pytest.mark.django_db
 
@@ -87,3 +94,56 @@ def test_idempotent_on_something_that_is_not_a_view_is_refused(client: Client) -
 
     with pytest.raises(ImproperlyConfigured, match="must decorate a view"):
         not_a_view(1)
+
+
+# A body a permission parsed before the guard, with a parser of the project's own that reads the
+# stream (DRF's JSON and form parsers keep the body): compared as the parser parsed it
+
+
+class VendorJSONParser(BaseParser):
+    media_type = "application/vnd.example+json"
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        return json.load(stream)
+
+
+class AmountIsPositive(permissions.BasePermission):
+    """Reads the body before the view."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return int(request.data.get("amount", 0)) > 0
+
+
+class CheckedChargeView(APIView):
+    parser_classes = [VendorJSONParser]
+    permission_classes = [AmountIsPositive]
+
+    @idempotent
+    def post(self, request: Any) -> Response:
+        created = Charge.objects.create(reference="checked", amount=request.data["amount"])
+        return Response({"id": created.pk}, status=201)
+
+
+urlpatterns = [path("checked/charges/", CheckedChargeView.as_view())]
+
+
+def vendor_json(client: Client, body: dict[str, Any]) -> Any:
+    return client.post(
+        "/checked/charges/",
+        json.dumps(body),
+        content_type=VendorJSONParser.media_type,
+        headers={"Idempotency-Key": "checked-1"},
+    )
+
+
+@pytest.mark.urls(__name__)
+@override_settings(IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS=["nonce"])
+def test_a_body_a_permission_parsed_first_is_compared_as_parsed(client: Client) -> None:
+    first = vendor_json(client, {"amount": 10, "nonce": "a"})
+    again = vendor_json(client, {"nonce": "b", "amount": 10})
+    other = vendor_json(client, {"amount": 20, "nonce": "a"})
+
+    assert first.status_code == 201, first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert_problem(other, 422, "key-reused")
+    assert Charge.objects.count() == 1

@@ -263,3 +263,27 @@ def test_an_async_view_called_without_a_key_fails_as_it_would_unguarded() -> Non
 
     assert Charge.objects.count() == 1
     assert not IdempotencyRecord.objects.exists()
+
+
+def reads_the_stream(get_response: Any) -> Any:
+    """A middleware that reads the body from the stream and keeps nothing."""
+
+    def middleware(request: Any) -> Any:
+        request.read()
+        return get_response(request)
+
+    return middleware
+
+
+@pytest.mark.django_db
+def test_a_body_a_middleware_read_away_counts_as_empty(settings: Any, client: Client) -> None:
+    # The bytes are gone before the guard: nothing tells two such bodies apart, and the retry
+    # is answered as the same request rather than failing.
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "tests.test_guard.reads_the_stream"]
+
+    first = post(client, "/answers/", {"amount": 10})  # A view that never reads the body.
+    again = post(client, "/answers/", {"amount": 10})
+
+    assert first.status_code == 200
+    assert again["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1

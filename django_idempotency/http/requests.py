@@ -83,7 +83,8 @@ def _readable_body(http_request: HttpRequest) -> bytes | None:
 
 
 def _stream_read(http_request: HttpRequest) -> bool:
-    return bool(getattr(http_request, "_read_started", False))
+    # Django's own request classes set it, and its `body` reads it so too.
+    return bool(http_request._read_started)  # type: ignore[attr-defined]
 
 
 def _canonical_form(http_request: HttpRequest) -> bytes:
