@@ -79,7 +79,11 @@ def test_missing_key_where_required_is_400(client: Client, view_kind: ViewKind) 
     with override_settings(IDEMPOTENCY_REQUIRED=True):
         response = post(client, view_kind.url, key=None)
 
-    assert_problem(response, 400, "missing-key")
+    problem = assert_problem(response, 400, "missing-key")
+    assert problem["detail"] == (
+        "This endpoint requires an Idempotency-Key header: send a new unique value (a UUID or"
+        " ULID) with each distinct request."
+    )
     assert Charge.objects.count() == 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -533,17 +534,23 @@ def test_another_request_while_the_first_runs_is_422_at_once(
 # 10. The database lost before the view runs, on a plain view with a session
 
 
-def test_a_lost_database_while_loading_the_session_user_is_503() -> None:
+def test_a_lost_database_while_loading_the_session_user_is_503(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     client = Client()
     client.force_login(UserFactory())
     original = lose_database(connection)
     try:
-        lost = post(client, FORMS)
+        with caplog.at_level(logging.ERROR, logger="django_idempotency"):
+            lost = post(client, FORMS)
     finally:
         connection.close()
         connection.settings_dict.update(original)
 
     assert_problem(lost, 503, "store-unavailable")
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "django_idempotency"]
+    reason = logged.removeprefix("The request's owner could not be loaded: ")
+    assert reason != logged and reason not in ("", "None")  # The database's own error.
     assert post(client, FORMS).status_code == 201  # Back: the key runs, once.
     assert Charge.objects.count() == 1
 
