@@ -134,6 +134,20 @@ def test_an_async_duplicate_with_no_time_to_wait_is_409_at_once(
     assert Charge.objects.count() == 0
 
 
+@pytest.mark.django_db(transaction=True)
+@override_settings(IDEMPOTENCY_ON_CONFLICT="reject", IDEMPOTENCY_WAIT_TIMEOUT=30)
+def test_an_async_duplicate_that_does_not_wait_is_409_at_once_and_signalled(
+    received: list[tuple[str, dict[str, Any]]],
+) -> None:
+    response = duplicate_of_a_held_request()
+
+    assert_problem(response, 409, "request-in-progress")
+    [(outcome, kwargs)] = received
+    assert outcome == "conflict"
+    assert kwargs["duration"] < 30  # Answered without waiting for the wait timeout.
+    assert Charge.objects.count() == 0
+
+
 def broken_receiver(sender: Any, **kwargs: Any) -> None:
     raise RuntimeError("the statsd host is gone")
 

@@ -115,11 +115,14 @@ class Guard(contextlib.ExitStack):
     def _claim(
         self, settings: Resolved, scope: Scope, request_fingerprint: str, path: str
     ) -> HttpResponseBase | None:
+        # An async view waits for a running duplicate itself, between tries of its own; one that
+        # does not wait is answered (and its conflict announced) at once.
+        polls = self.poll and settings.on_conflict == "wait"
         attempt = Attempt(
             atomic=settings.mode == "atomic" and not self.force_lease,
             on_conflict=settings.on_conflict,
             request=self.http_request,
-            poll=self.poll,
+            poll=polls,
         )
         # Leaving the guard leaves the attempt: commit, or release and roll back on an error.
         self.attempt = self.enter_context(attempt)
@@ -151,7 +154,7 @@ class Guard(contextlib.ExitStack):
                 "This key was already used for a different request (method, path or body "
                 "differ): send a new key for a new request.",
             )
-        self.may_wait = self.poll and settings.on_conflict == "wait"
+        self.may_wait = polls
         return problems.problem_response(
             problems.IN_PROGRESS,
             "A request with this key is still being processed: retry after a moment.",
