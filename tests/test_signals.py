@@ -123,28 +123,23 @@ def test_an_async_duplicate_that_gives_up_waiting_signals_one_conflict_with_its_
 
 
 @pytest.mark.django_db(transaction=True)
-@override_settings(IDEMPOTENCY_ON_CONFLICT="wait", IDEMPOTENCY_WAIT_TIMEOUT=0)
-def test_an_async_duplicate_with_no_time_to_wait_is_409_at_once(
-    received: list[tuple[str, dict[str, Any]]],
-) -> None:
-    response = duplicate_of_a_held_request()
-
-    assert_problem(response, 409, "request-in-progress")
-    assert [outcome for outcome, _ in received] == ["conflict"]
-    assert Charge.objects.count() == 0
-
-
-@pytest.mark.django_db(transaction=True)
-@override_settings(IDEMPOTENCY_ON_CONFLICT="reject", IDEMPOTENCY_WAIT_TIMEOUT=30)
+@pytest.mark.parametrize(
+    ("on_conflict", "wait_timeout"),
+    [("wait", 0), ("reject", 30)],
+    ids=["no-time-to-wait", "reject"],
+)
 def test_an_async_duplicate_that_does_not_wait_is_409_at_once_and_signalled(
-    received: list[tuple[str, dict[str, Any]]],
+    received: list[tuple[str, dict[str, Any]]], on_conflict: str, wait_timeout: int
 ) -> None:
-    response = duplicate_of_a_held_request()
+    with override_settings(
+        IDEMPOTENCY_ON_CONFLICT=on_conflict, IDEMPOTENCY_WAIT_TIMEOUT=wait_timeout
+    ):
+        response = duplicate_of_a_held_request()
 
     assert_problem(response, 409, "request-in-progress")
     [(outcome, kwargs)] = received
     assert outcome == "conflict"
-    assert kwargs["duration"] < 30  # Answered without waiting for the wait timeout.
+    assert kwargs["duration"] < 30  # Answered without waiting out a wait timeout.
     assert Charge.objects.count() == 0
 
 
