@@ -74,6 +74,7 @@ def test_surrounding_spaces_and_tabs_are_trimmed(raw: str) -> None:
         ('"back\\\\slash"', "back\\slash"),
         ('"\\\\"', "\\"),
         ('  "quoted"\t', "quoted"),
+        ('" X "', " X "),  # Only spaces count as empty: any visible character is a key.
     ],
 )
 def test_quoted_sf_string_is_unquoted_and_unescaped(raw: str, key: str) -> None:
