@@ -139,6 +139,17 @@ class BadModeView(APIView):
         return _drf_response(*charge(request))
 
 
+class DeferringBadModeView(APIView):
+    idempotency_mode = "fast"
+
+    def get_idempotency_mode(self) -> None:
+        return None  # Defers to the attribute, whose value is refused.
+
+    @idempotent
+    def post(self, request: Request) -> Response:
+        return _drf_response(*charge(request))
+
+
 class BadHeaderView(APIView):
     idempotency_header = "Idempotency Key"
 
@@ -191,6 +202,7 @@ urlpatterns = [
     path("decorated-tenant/", DecoratedTenantViewSet.as_view({"post": "create"})),
     path("required/", RequiredOnAskingView.as_view()),
     path("bad-mode/", BadModeView.as_view()),
+    path("deferring-bad-mode/", DeferringBadModeView.as_view()),
     path("bad-header/", BadHeaderView.as_view()),
     path("shops/<shop>/", ShopView.as_view()),
     path("async-shops/<shop>/", AsyncShopView.as_view()),
@@ -260,6 +272,15 @@ def test_an_invalid_value_from_a_hook_is_refused_naming_the_view_and_hook(client
 
     with pytest.raises(ImproperlyConfigured, match=re.escape(refusal)):
         post(client, "/bad-mode/")
+
+
+def test_an_invalid_attribute_a_hook_defers_to_is_refused_naming_the_attribute(
+    client: Client,
+) -> None:
+    with pytest.raises(ImproperlyConfigured) as refusal:
+        post(client, "/deferring-bad-mode/")
+
+    assert str(refusal.value).startswith("DeferringBadModeView.idempotency_mode = 'fast': ")
     assert not Charge.objects.exists()
 
 

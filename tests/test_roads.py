@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 from django.http import HttpRequest
 from django.test import Client, override_settings
 from django.test.client import encode_multipart
 from django.utils import timezone
 
+from django_idempotency.core.keys import MAX_OWNER_LENGTH
 from django_idempotency.core.outcomes import Scope
 from django_idempotency.http import guard
 from django_idempotency.models import IdempotencyRecord
@@ -548,9 +549,10 @@ def test_a_lost_database_while_loading_the_session_user_is_503(
         connection.settings_dict.update(original)
 
     assert_problem(lost, 503, "store-unavailable")
-    [logged] = [r.getMessage() for r in caplog.records if r.name == "django_idempotency"]
-    reason = logged.removeprefix("The request's owner could not be loaded: ")
-    assert reason != logged and reason not in ("", "None")  # The database's own error.
+    [logged] = [r for r in caplog.records if r.name == "django_idempotency"]
+    [error] = logged.args
+    assert isinstance(error, DatabaseError)  # The database's own error, in its words:
+    assert logged.getMessage() == f"The request's owner could not be loaded: {error}"
     assert post(client, FORMS).status_code == 201  # Back: the key runs, once.
     assert Charge.objects.count() == 1
 
@@ -597,7 +599,7 @@ def test_repeated_key_headers_are_400(joined: str) -> None:
     assert Charge.objects.count() == 0
 
 
-@pytest.mark.parametrize("tenant", ["t" * 256, "acme\x00"])
+@pytest.mark.parametrize("tenant", ["t" * (MAX_OWNER_LENGTH + 1), "acme\x00"])
 def test_an_owner_the_column_cannot_hold_is_400(settings: Any, tenant: str) -> None:
     settings.IDEMPOTENCY_OWNER_RESOLVER = "tests.test_roads.tenant_owner"
 
@@ -605,6 +607,18 @@ def test_an_owner_the_column_cannot_hold_is_400(settings: Any, tenant: str) -> N
 
     assert_problem(response, 400, "invalid-owner")
     assert IdempotencyRecord.objects.count() == 0
+
+
+def test_an_owner_of_exactly_the_columns_length_is_kept(settings: Any) -> None:
+    settings.IDEMPOTENCY_OWNER_RESOLVER = "tests.test_roads.tenant_owner"
+    tenant = "t" * MAX_OWNER_LENGTH
+
+    first = post(Client(), "/function/charges/", **{"X-Tenant": tenant})
+    again = post(Client(), "/function/charges/", **{"X-Tenant": tenant})
+
+    assert first.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().owner == tenant
 
 
 def tenant_owner(request: HttpRequest) -> str:
