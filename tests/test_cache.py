@@ -158,14 +158,19 @@ def test_redis_still_down_after_ten_quiet_seconds_is_logged_again_with_its_error
     monkeypatch.setattr(cache_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     cache_module._last_warning[0] = float("-inf")
     client = Client()
+    prefix = "Idempotency cache unavailable, using the store: "
+    warned_at: list[float] = []
     with caplog.at_level(logging.WARNING, logger="django_idempotency"):
         for key, now in (("a", 1000.0), ("b", 1009.999), ("c", 1010.0), ("d", 1019.0)):
             clock[0] = now
+            before = len(caplog.records)
             assert post(client, URL, key=key).status_code == 201
+            if any(r.getMessage().startswith(prefix) for r in caplog.records[before:]):
+                warned_at.append(now)
 
-    prefix = "Idempotency cache unavailable, using the store: "
-    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith(prefix)]
     # At 1000 s, then again exactly 10 s later; not in between, nor within 10 s of the second.
+    assert warned_at == [1000.0, 1010.0]
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith(prefix)]
     assert len(warnings) == 2, warnings
     for warning in warnings:
         why = warning.removeprefix(prefix)  # Redis's own error, for the operator.

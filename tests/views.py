@@ -258,10 +258,11 @@ def _what_was_uploaded(request: Any) -> dict[str, Any]:
 @idempotent
 def answer_view(request: HttpRequest) -> HttpResponse:
     """Answers with the status and reason phrase the X-Answer header asks for ("204 Done"),
-    and echoes an X-Tag header."""
+    with no body if X-Empty is sent, and echoes an X-Tag header."""
     status, _, reason = request.headers.get("X-Answer", "200").partition(" ")
     Charge.objects.create(reference=request.headers.get("Idempotency-Key", ""), amount=0)
-    body = b"" if status in ("204", "304") else b"answered"
+    empty = status in ("204", "304") or "X-Empty" in request.headers
+    body = b"" if empty else b"answered"
     response = HttpResponse(body, status=int(status), reason=reason or None)
     if "X-Tag" in request.headers:
         response["X-Tag"] = request.headers["X-Tag"]
