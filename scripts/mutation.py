@@ -11,6 +11,9 @@ mutants no test reached there), with the tests that reach each function on that 
     python scripts/mutation.py http --databases sqlite
     python scripts/mutation.py --children 2         # two mutants at once
     python scripts/mutation.py --alive              # after new tests: only what is still alive
+    python scripts/mutation.py --alive --databases postgresql,mariadb \
+        --servers-only stores.database stores.dialects stores.statements stores.batches \
+        stores.connections http.problems          # the servers, where their code differs
 
 PG_URL and MARIADB_URL name the servers as for tox (scripts/services.sh starts them); each
 mutant's run makes test databases of its own there (`test_idem_mutation_<pid>`). REDIS_URL, when
@@ -71,6 +74,12 @@ def main() -> int:
         action="store_true",
         help="only what an earlier run left alive, from the first database on (after new tests)",
     )
+    parser.add_argument(
+        "--servers-only",
+        nargs="+",
+        metavar="MODULE",
+        help="on the servers, only the mutants of these modules (stores.database, ...)",
+    )
     args = parser.parse_args()
     packages = args.packages or list(BARS)
     databases = args.databases.split(",")
@@ -83,10 +92,16 @@ def main() -> int:
             names = [f"django_idempotency.{package}.*" for package in packages]
         else:
             names = alive(packages)
+            if database != "sqlite" and args.servers_only:
+                names = [n for n in names if _in_modules(n, args.servers_only)]
             if not names:
                 break
         run_mutmut(database, names, args.children)
     return gate(packages)
+
+
+def _in_modules(name: str, modules: list[str]) -> bool:
+    return any(name.startswith(f"django_idempotency.{module}.") for module in modules)
 
 
 if __name__ == "__main__":
