@@ -13,9 +13,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, override_settings
 from django.test.client import encode_multipart
 
-from tests.factories import UserFactory
 from tests.models import Charge
-from tests.utils import assert_problem
+from tests.utils import CSRF_TOKEN, assert_problem, logged_in_browser
 
 pytestmark = pytest.mark.django_db
 
@@ -169,19 +168,16 @@ def test_an_ignored_urlencoded_field_may_change(method: str) -> None:
 @pytest.fixture
 def drf_session() -> Client:
     """A logged-in browser holding its CSRF token: DRF checks it, reading the form."""
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(UserFactory())
-    client.cookies["csrftoken"] = "a" * 32
-    return client
+    return logged_in_browser()
 
 
 def drf_upload(client: Client, fields: dict[str, Any], **headers: str) -> Any:
-    body = encode_multipart("first-boundary", {**fields, "csrfmiddlewaretoken": "a" * 32})
+    body = encode_multipart("first-boundary", {**fields, "csrfmiddlewaretoken": CSRF_TOKEN})
     return client.post(
         "/viewset/uploads/",
         body,
         content_type="multipart/form-data; boundary=first-boundary",
-        headers={"Idempotency-Key": "upload-1", "X-CSRFToken": "a" * 32, **headers},
+        headers={"Idempotency-Key": "upload-1", "X-CSRFToken": CSRF_TOKEN, **headers},
     )
 
 

@@ -28,7 +28,15 @@ from django_idempotency.stores.dialects import dialect_for
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.models import Charge
 from tests.stores import hold
-from tests.utils import assert_problem, fingerprint_of, lose_database, post, terminate
+from tests.utils import (
+    CSRF_TOKEN,
+    assert_problem,
+    fingerprint_of,
+    logged_in_browser,
+    lose_database,
+    post,
+    terminate,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,10 +55,7 @@ BOUNDARY = "BoUnDaRy"
 def csrf_client(settings: Any) -> Client:
     """A logged-in browser behind Django's CSRF middleware, holding its token."""
     settings.MIDDLEWARE = CSRF_MIDDLEWARE
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(UserFactory())
-    client.cookies["csrftoken"] = "a" * 32
-    return client
+    return logged_in_browser()
 
 
 def send_form(
@@ -64,7 +69,7 @@ def send_form(
 ) -> Any:
     """A form the way a browser sends one: urlencoded or multipart, with the CSRF token."""
     pairs = list(fields.items()) if isinstance(fields, dict) else list(fields)
-    pairs.append(("csrfmiddlewaretoken", "a" * 32))
+    pairs.append(("csrfmiddlewaretoken", CSRF_TOKEN))
     if multipart:
         data: dict[str, Any] = {}
         for name, value in pairs:
@@ -81,7 +86,7 @@ def send_form(
         url,
         body,
         content_type=content_type,
-        headers={"Idempotency-Key": key, "X-CSRFToken": "a" * 32},
+        headers={"Idempotency-Key": key, "X-CSRFToken": CSRF_TOKEN},
     )
 
 
@@ -143,8 +148,8 @@ def test_a_patch_files_count_too(csrf_client: Client) -> None:
 
 
 def test_a_new_multipart_boundary_is_the_same_patch(csrf_client: Client) -> None:
-    body = {"status": "shipped", "csrfmiddlewaretoken": "a" * 32}
-    headers = {"Idempotency-Key": "form-1", "X-CSRFToken": "a" * 32}
+    body = {"status": "shipped", "csrfmiddlewaretoken": CSRF_TOKEN}
+    headers = {"Idempotency-Key": "form-1", "X-CSRFToken": CSRF_TOKEN}
     for boundary in ("first-boundary", "second-boundary"):
         response = csrf_client.generic(
             "PATCH",
@@ -664,9 +669,7 @@ def test_in_atomic_mode_a_result_the_store_refuses_undoes_the_work_with_the_clai
 def test_a_form_too_large_for_drfs_csrf_check_is_413(settings: Any) -> None:
     # SessionAuthentication's CSRF check reads the form before the guard runs.
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(UserFactory())
-    client.cookies["csrftoken"] = "a" * 32
+    client = logged_in_browser()
 
     response = send_form(client, "POST", {"note": "x" * 500}, url="/viewset/charges/")
 

@@ -84,6 +84,19 @@ def lose_database(connection: Any) -> dict[str, Any]:
     return original
 
 
+CSRF_TOKEN = "a" * 32
+
+
+def logged_in_browser() -> Client:
+    """A logged-in browser holding its CSRF token (CSRF_TOKEN), checked as a browser's is."""
+    from tests.factories import UserFactory  # The factories need the apps ready.
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(UserFactory())
+    client.cookies["csrftoken"] = CSRF_TOKEN
+    return client
+
+
 def redis_caches(location: str) -> dict[str, dict[str, object]]:
     """CACHES with a django-redis alias "idempotency" at `location`, failing fast.
 

@@ -63,7 +63,7 @@ class Guard(contextlib.ExitStack):
         self.view = view
         self.finalize = finalize
         self.force_lease = force_lease
-        self.poll = poll  # The caller waits for a running duplicate (see `run_async`).
+        self.poll = poll  # An async caller: it does any waiting itself (see `run_async`).
         self.may_wait = False  # The key is in progress, and the view waits for it.
         self.attempt: Attempt | None = None
         super().__init__()

@@ -92,7 +92,7 @@ def _canonical_form(http_request: HttpRequest) -> bytes:
     ignore = conf.FINGERPRINT_IGNORE_FIELDS
     raw = _readable_body(http_request)
     if http_request.method == "POST" or raw is None:
-        data = _parsed(http_request)[0]
+        data = http_request.POST  # Parsed as for a multipart body (below).
     else:
         try:
             raw.decode()
@@ -114,7 +114,9 @@ def _canonical_multipart(http_request: HttpRequest) -> bytes:
             # result where Django (and a framework reading its request) looks for it.
             parsed = http_request.parse_file_upload(http_request.META, http_request)
             http_request._post, http_request._files = parsed  # type: ignore[attr-defined]
-        data, uploads = _parsed(http_request)
+        # Django's parse of a POST, ours of a large body (above), or what a framework's parser
+        # made of a stream it read first (DRF copies its parse of a form onto the HttpRequest).
+        data, uploads = http_request.POST, http_request.FILES
     files = []
     for name, items in uploads.lists():
         for upload in items:
@@ -124,13 +126,6 @@ def _canonical_multipart(http_request: HttpRequest) -> bytes:
             upload.seek(0)  # The view reads the file next.
             files.append((name, upload.name or "", digest.hexdigest()))
     return canonical_multipart(_pairs(data), files, conf.FINGERPRINT_IGNORE_FIELDS)
-
-
-def _parsed(http_request: HttpRequest) -> tuple[Any, Any]:
-    """The form as parsed where Django looks for it: Django's parse of a POST, ours of a large
-    multipart body, or what a framework's parser made of a stream it read first (DRF copies its
-    parse of a form onto the HttpRequest it wraps)."""
-    return http_request.POST, http_request.FILES
 
 
 def _fits_in_memory(http_request: HttpRequest) -> bool:
