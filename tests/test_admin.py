@@ -636,7 +636,7 @@ def test_the_actions_replace_delete_selected(admin_client: Client) -> None:
     assert choices == {
         "purge_selected": "Purge selected idempotency records",
         "purge_expired": "Purge all expired idempotency records",
-        "release_stuck": "Release abandoned idempotency claims",
+        "release_abandoned": "Release abandoned idempotency claims",
     }
 
 
@@ -864,8 +864,8 @@ LOST = "the database holding idempotency records cannot be reached"
         ("purge_selected", "delete_and_forget", False),
         ("purge_expired", "purge_expired_records", True),
         ("purge_expired", "purge_expired_records", False),
-        ("release_stuck", "_stuck", True),
-        ("release_stuck", "_stuck", False),
+        ("release_abandoned", "_abandoned_claims", True),
+        ("release_abandoned", "_abandoned_claims", False),
     ],
 )
 def test_a_lost_database_is_a_message_and_a_redirect_back_never_a_500(
@@ -884,19 +884,19 @@ def test_a_lost_database_is_a_message_and_a_redirect_back_never_a_500(
     assert response.url == url  # Back where the user was, filters kept.
     lost_database.restore()
     [message] = list(client.get(response.url).context["messages"])
-    noun, done = ("release", "released") if action == "release_stuck" else ("purge", "purged")
+    noun, done = ("release", "released") if action == "release_abandoned" else ("purge", "purged")
     assert message.level_tag == "error"
     assert str(message).startswith(f"The {noun} stopped: {LOST} (")
     assert str(message).endswith(f"Try again when it is back; records already {done} stay {done}.")
     assert IdempotencyRecord.objects.count() == 2
 
 
-def test_release_stuck_asks_first(admin_client: Client) -> None:
+def test_release_abandoned_asks_first(admin_client: Client) -> None:
     stuck(key="dead-1")
     stuck(key="dead-2")
     IdempotencyRecordFactory(in_progress=True)
 
-    response = admin_client.post(CHANGELIST, {"action": "release_stuck", "index": "0"})
+    response = admin_client.post(CHANGELIST, {"action": "release_abandoned", "index": "0"})
 
     content = response.content.decode()
     assert "Release 2 in-progress records whose leases ran out?" in content
@@ -905,7 +905,7 @@ def test_release_stuck_asks_first(admin_client: Client) -> None:
     assert IdempotencyRecord.objects.count() == 3
 
 
-def test_release_stuck_releases_only_run_out_leases(
+def test_release_abandoned_releases_only_run_out_leases(
     admin_client: Client, forgotten: list[Scope], django_capture_on_commit_callbacks: Any
 ) -> None:
     stuck(key="dead", namespace="payments", owner="user:3")
@@ -913,18 +913,18 @@ def test_release_stuck_releases_only_run_out_leases(
     expired(key="old")  # Completed: purging it is purge_expired's job.
 
     with django_capture_on_commit_callbacks(execute=True):
-        response = confirm(admin_client, "release_stuck")
+        response = confirm(admin_client, "release_abandoned")
 
     assert messages_of(response) == ["Released 1 abandoned claim."]
     assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {"running", "old"}
     assert forgotten == [Scope("payments", "user:3", "dead")]
 
 
-def test_release_stuck_in_the_plural(admin_client: Client) -> None:
+def test_release_abandoned_in_the_plural(admin_client: Client) -> None:
     stuck()
     stuck()
 
-    response = confirm(admin_client, "release_stuck")
+    response = confirm(admin_client, "release_abandoned")
 
     assert messages_of(response) == ["Released 2 abandoned claims."]
 
@@ -933,12 +933,14 @@ def test_a_lease_renewed_after_the_confirmation_is_not_released(admin_client: Cl
     record = stuck()
     assert (
         "Release 1"
-        in admin_client.post(CHANGELIST, {"action": "release_stuck", "index": "0"}).content.decode()
+        in admin_client.post(
+            CHANGELIST, {"action": "release_abandoned", "index": "0"}
+        ).content.decode()
     )
     # A retry took the key over between the confirmation and the click.
     IdempotencyRecord.objects.filter(pk=record.pk).update(lease_expires_at=ago(seconds=-60))
 
-    response = confirm(admin_client, "release_stuck")
+    response = confirm(admin_client, "release_abandoned")
 
     assert messages_of(response) == ["Released 0 abandoned claims."]
     assert IdempotencyRecord.objects.filter(pk=record.pk).exists()
@@ -999,7 +1001,7 @@ def test_a_viewer_sees_the_list_and_the_record_but_no_actions(viewer: Client) ->
     assert "deletelink" not in detail.content.decode()
 
 
-@pytest.mark.parametrize("action", ["purge_selected", "purge_expired", "release_stuck"])
+@pytest.mark.parametrize("action", ["purge_selected", "purge_expired", "release_abandoned"])
 def test_a_viewer_cannot_run_the_actions(viewer: Client, action: str) -> None:
     record = expired()
     stuck()

@@ -93,30 +93,26 @@ class RecordActions(RecordAdminBase):
     def purge_selected(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
     ) -> HttpResponse | None:
-        def ask() -> Question:
-            count = queryset.count()
-            sample = list(queryset.values_list("key", flat=True)[:CONFIRMATION_SAMPLE])
-            question = ngettext(
+        def question(count: int) -> str:
+            return ngettext(
                 "Purge %(count)d idempotency record? Its key starts a new request the next "
                 "time it is sent.",
                 "Purge %(count)d idempotency records? Their keys start new requests the next "
                 "time they are sent.",
                 count,
             ) % {"count": count}
-            return question, sample, count
 
-        def act() -> str:
-            deleted = delete_and_forget(queryset)
+        def done(count: int) -> str:
             logger.info(
-                "%s purged %d selected idempotency records in the admin", request.user, deleted
+                "%s purged %d selected idempotency records in the admin", request.user, count
             )
             return ngettext(
                 "Purged %(count)d idempotency record.",
                 "Purged %(count)d idempotency records.",
-                deleted,
-            ) % {"count": deleted}
+                count,
+            ) % {"count": count}
 
-        return self._confirm_then(request, "purge_selected", ask, act)
+        return self._confirm_deletion(request, "purge_selected", queryset, question, done)
 
     @admin.action(permissions=["delete"], description=_("Purge all expired idempotency records"))
     @reports_a_lost_database(_purge_stopped)
@@ -171,37 +167,48 @@ class RecordActions(RecordAdminBase):
 
     @admin.action(permissions=["delete"], description=_("Release abandoned idempotency claims"))
     @reports_a_lost_database(_release_stopped)
-    def release_stuck(
+    def release_abandoned(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
     ) -> HttpResponse | None:
-        claims = _stuck(timezone.now())
-
-        def ask() -> Question:
-            count = claims.count()
-            sample = list(
-                claims.order_by("-id").values_list("key", flat=True)[:CONFIRMATION_SAMPLE]
-            )
-            question = ngettext(
+        def question(count: int) -> str:
+            return ngettext(
                 "Release %(count)d in-progress record whose lease ran out? Its key starts a "
                 "new request the next time it is sent.",
                 "Release %(count)d in-progress records whose leases ran out? Their keys start "
                 "new requests the next time they are sent.",
                 count,
             ) % {"count": count}
-            return question, sample, count
 
-        def act() -> str:
-            released = delete_and_forget(claims)
+        def done(count: int) -> str:
             logger.info(
-                "%s released %d abandoned idempotency claims in the admin", request.user, released
+                "%s released %d abandoned idempotency claims in the admin", request.user, count
             )
             return ngettext(
                 "Released %(count)d abandoned claim.",
                 "Released %(count)d abandoned claims.",
-                released,
-            ) % {"count": released}
+                count,
+            ) % {"count": count}
 
-        return self._confirm_then(request, "release_stuck", ask, act)
+        claims = _abandoned_claims(timezone.now())
+        return self._confirm_deletion(request, "release_abandoned", claims, question, done)
+
+    def _confirm_deletion(
+        self,
+        request: HttpRequest,
+        action: str,
+        records: QuerySet[IdempotencyRecord],
+        question: Callable[[int], str],
+        done: Callable[[int], str],
+    ) -> HttpResponse | None:
+        """Ask first (`question` of how many, with a sample of the newest keys), then delete
+        the records and forget their cached copies; `done` says (and logs) how many went."""
+
+        def ask() -> Question:
+            count = records.count()
+            newest = records.order_by("-id").values_list("key", flat=True)
+            return question(count), list(newest[:CONFIRMATION_SAMPLE]), count
+
+        return self._confirm_then(request, action, ask, lambda: done(delete_and_forget(records)))
 
     def _confirm_then(
         self,
@@ -271,6 +278,6 @@ def _forget_on_commit(scopes: list[Scope], using: str | None) -> None:
     transaction.on_commit(partial(get_store().forget, scopes), using=using)
 
 
-def _stuck(now: datetime) -> QuerySet[IdempotencyRecord]:
+def _abandoned_claims(now: datetime) -> QuerySet[IdempotencyRecord]:
     """Abandoned records: in progress, their lease run out, the request holding them gone."""
     return IdempotencyRecord.objects.filter(abandoned(now))

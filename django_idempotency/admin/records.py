@@ -71,7 +71,7 @@ class IdempotencyRecordAdmin(RecordActions):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # Facet counts are one COUNT per filter choice.
     paginator = EstimatedCountPaginator
-    actions = ["purge_selected", "purge_expired", "release_stuck"]
+    actions = ["purge_selected", "purge_expired", "release_abandoned"]
     change_list_template = "django_idempotency/admin/change_list.html"
     change_form_template = "django_idempotency/admin/change_form.html"
     fieldsets = [
@@ -100,7 +100,7 @@ class IdempotencyRecordAdmin(RecordActions):
         "expires_at",
     ]
     # Actions that act on the whole table: they run without a selection, and ignore one.
-    table_actions = frozenset({"purge_expired", "release_stuck"})
+    table_actions = frozenset({"purge_expired", "release_abandoned"})
 
     # Permissions: records are written only by the requests they protect. Viewing needs the
     # view permission; deleting (the actions, the delete page) the delete permission.
