@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
-claimed = Signal()  # This caller owns the key now and runs the work.
-replayed = Signal()  # A stored result was returned instead of running the work.
-conflict = Signal()  # Another caller holds the key right now (409, or the in-progress error).
-mismatch = Signal()  # The key was used for a different request or payload (422).
-completed = Signal()  # The result was stored and will be replayed to every retry.
-released = Signal()  # Nothing was stored; the key is free for a retry.
+# Every outcome signal is sent on every keyed request or call, always by `Attempt`: its
+# receivers are looked up once per sender (until one connects or disconnects), not on each send.
+
+claimed = Signal(use_caching=True)  # This caller owns the key and runs the work.
+replayed = Signal(use_caching=True)  # A stored result was returned instead of the work run.
+# Another caller holds the key right now (409, or the in-progress error).
+conflict = Signal(use_caching=True)
+mismatch = Signal(use_caching=True)  # The key was used for a different request or payload (422).
+completed = Signal(use_caching=True)  # The result was stored, to be replayed to every retry.
+released = Signal(use_caching=True)  # Nothing was stored; the key is free for a retry.
 
 # Every outcome signal by the outcome name the logs and metrics use.
 BY_OUTCOME: dict[str, Signal] = {
@@ -31,7 +35,7 @@ BY_OUTCOME: dict[str, Signal] = {
 
 # Each lookup of the cache tier, with sender=CacheTier, `hit` (True: the cache answered; False:
 # the store did, as the key was not cached, its copy had expired or the cache failed) and
-# `namespace`. Sent on every keyed request, so receivers are cached per sender.
+# `namespace`. Sent on every keyed request too, so its receivers are cached as well.
 cache_lookup = Signal(use_caching=True)
 # Each finished purge, dry runs included, with sender=PurgeReport, `report` (the PurgeReport)
 # and `namespace` (the one purged, None for all).

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
 from types import SimpleNamespace
@@ -12,8 +13,11 @@ from types import SimpleNamespace
 import pytest
 from django.conf import settings
 from django.core.cache import caches
-from django.db import connection, transaction
-from django.test import Client, override_settings
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections, connection, transaction
+from django.http.response import HttpResponseBase
+from django.test import Client, RequestFactory, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -92,6 +96,57 @@ def test_a_cache_miss_replays_from_the_database_and_refills_the_cache(redis_tier
 
     assert from_database.content == from_cache.content == first.content
     assert len(captured) == 0
+
+
+@pytest.fixture
+def served() -> Iterator[Callable[[str], HttpResponseBase]]:
+    """POST through Django's WSGI handler as a server does, handing back the response before
+    the server closes it (the test client closes it before the test sees it)."""
+    handler = WSGIHandler()
+    # As the test client does: the test's own connection outlives each request.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+
+    def serve(key: str) -> HttpResponseBase:
+        request = RequestFactory().post(
+            URL,
+            json.dumps({"amount": 10}),
+            content_type="application/json",
+            headers={"Idempotency-Key": key},
+        )
+        return handler(request.environ, lambda status, headers: None)
+
+    yield serve
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+def test_the_copy_to_the_cache_waits_until_the_response_is_sent(
+    redis_tier: str, served: Callable[[str], HttpResponseBase]
+) -> None:
+    response = served("key-1")
+
+    assert response.status_code == 201
+    assert IdempotencyRecord.objects.get().response_status == 201  # Committed, replayable.
+    assert caches["idempotency"].get(cache_key(SCOPE)) is None  # Not copied while sending.
+    response.close()  # The server is done sending it.
+    assert caches["idempotency"].get(cache_key(SCOPE)) is not None
+
+
+def test_a_replay_from_the_database_is_copied_once_it_is_sent(
+    redis_tier: str, served: Callable[[str], HttpResponseBase]
+) -> None:
+    served("key-1").close()
+    clear_own_keys()
+
+    replayed = served("key-1")
+
+    assert replayed["Idempotent-Replayed"] == "true"
+    assert caches["idempotency"].get(cache_key(SCOPE)) is None
+    replayed.close()
+    with CaptureQueriesContext(connection) as captured:
+        assert post(Client(), URL)["Idempotent-Replayed"] == "true"
+    assert len(captured) == 0  # From the copy.
 
 
 def test_in_progress_claims_are_never_cached(redis_tier: str) -> None:

@@ -27,8 +27,9 @@ from django_idempotency.http.options import Options, Resolved, resolve
 from django_idempotency.http.problems import BODY_ERRORS as BODY_ERRORS
 from django_idempotency.http.problems import body_problem as body_problem
 from django_idempotency.http.requests import SAFE_METHODS, django_request
-from django_idempotency.http.responses import capture, replay, without_body
+from django_idempotency.http.responses import capture, replay, sent_then, without_body
 from django_idempotency.stores import StoreUnavailable
+from django_idempotency.stores.base import until_sent
 from django_idempotency.stores.connections import on_a_live_connection
 
 logger = logging.getLogger("django_idempotency")
@@ -238,6 +239,18 @@ def run(
     """Guard a synchronous view call."""
     if not conf.ENABLED:
         return call()
+    with until_sent() as pending:
+        response = _run(call, request, options, view, finalize)
+    return sent_then(response, pending)
+
+
+def _run(
+    call: Callable[[], HttpResponseBase],
+    request: Any,
+    options: Options,
+    view: Any,
+    finalize: Finalize | None,
+) -> HttpResponseBase:
     guard = Guard(request, options, view, finalize)
     try:
         with guard:

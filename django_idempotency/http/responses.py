@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from http.client import responses
 
@@ -72,6 +73,15 @@ def replay(stored: StoredResponse) -> HttpResponse:
     )
     if not any(name.lower() == "content-type" for name in headers):
         del response["Content-Type"]  # The view sent none: do not add Django's default.
+    return response
+
+
+def sent_then(response: HttpResponseBase, actions: list[Callable[[], None]]) -> HttpResponseBase:
+    """`response`, running `actions` once it is sent: the server closes a response after
+    sending it, and closing runs its closers. A response that a middleware replaces is never
+    closed, and its actions never run: they are ones that no answer depends on."""
+    if actions:
+        response._resource_closers.extend(actions)  # type: ignore[attr-defined]
     return response
 
 

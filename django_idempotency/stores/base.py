@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -25,7 +26,9 @@ __all__ = [
     "Record",
     "StoreBusy",
     "StoreUnavailable",
+    "after_response",
     "fresh_claim",
+    "until_sent",
 ]
 
 
@@ -213,3 +216,31 @@ class Record(HeldKey):
 
     def stored_response(self) -> StoredResponse:
         return self.response or StoredResponse(200)
+
+
+# Work a store leaves until the guarded response has gone to the client (see `until_sent`).
+_after_response: ContextVar[list[Callable[[], None]] | None] = ContextVar(
+    "django_idempotency_after_response", default=None
+)
+
+
+def after_response(action: Callable[[], None]) -> None:
+    """Run `action`, which no answer waits for (a copy to the cache tier), once the response
+    being guarded is sent; at once outside a guarded response."""
+    pending = _after_response.get()
+    if pending is None:
+        action()
+    else:
+        pending.append(action)
+
+
+@contextlib.contextmanager
+def until_sent() -> Iterator[list[Callable[[], None]]]:
+    """Collect the `after_response` actions of a block, for the caller to run once its
+    response is sent. Nothing depends on them: those of a block that raises are dropped."""
+    pending: list[Callable[[], None]] = []
+    token = _after_response.set(pending)
+    try:
+        yield pending
+    finally:
+        _after_response.reset(token)

@@ -14,7 +14,7 @@ from django.core.cache.backends.base import BaseCache
 
 from django_idempotency import signals
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
-from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult
+from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult, after_response
 
 logger = logging.getLogger("django_idempotency")
 
@@ -68,7 +68,8 @@ class CacheTier(BaseStore):
         """A replay found in the store but not the cache (evicted, or completed before the
         tier existed) is copied, so the next retry is served from the cache."""
         if claim is not None and claim.outcome is Outcome.REPLAY and claim.response is not None:
-            self._keep(claim, claim.response)
+            stored = claim.response
+            after_response(lambda: self._keep(claim, stored))
         return claim
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
@@ -80,7 +81,8 @@ class CacheTier(BaseStore):
 
     def _copy_once_kept(self, kept: bool, claim: Claim, response: StoredResponse) -> bool:
         if kept:
-            self.inner.after_commit(lambda: self._keep(claim, response))
+            # Once committed (a replay then finds it), and past the response: no answer waits.
+            self.inner.after_commit(lambda: after_response(lambda: self._keep(claim, response)))
         return kept
 
     def release(self, claim: Claim) -> bool:
