@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -9,13 +10,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache import caches
+from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, connection, connections, transaction
 from django.http.response import HttpResponseBase
 from django.test import Client, RequestFactory, override_settings
 from django.test.utils import CaptureQueriesContext
@@ -147,6 +151,56 @@ def test_a_replay_from_the_database_is_copied_once_it_is_sent(
     with CaptureQueriesContext(connection) as captured:
         assert post(Client(), URL)["Idempotent-Replayed"] == "true"
     assert len(captured) == 0  # From the copy.
+
+
+def test_an_async_views_copy_to_the_cache_waits_until_its_response_is_sent(
+    redis_tier: str,
+) -> None:
+    copied_while_sending: list[bool] = []
+
+    async def scenario() -> None:
+        body = json.dumps({"amount": 10}).encode()
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/async/charges/",
+            "raw_path": b"/async/charges/",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"idempotency-key", b"key-1"),
+                (b"host", b"testserver"),
+            ],
+            "client": ("127.0.0.1", 1),
+            "server": ("testserver", 80),
+        }
+
+        requests = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if requests:
+                return requests.pop()
+            await asyncio.Event().wait()  # The client stays until it is answered.
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                copy = await sync_to_async(caches["idempotency"].get)(cache_key(SCOPE))
+                copied_while_sending.append(copy is not None)
+
+        await ASGIHandler()(scope, receive, send)
+        # The view's queries ran on asgiref's shared sync thread: close its connection.
+        await sync_to_async(connections.close_all)()
+
+    asyncio.run(scenario())
+
+    assert copied_while_sending == [False]
+    assert IdempotencyRecord.objects.get().response_status == 201
+    assert caches["idempotency"].get(cache_key(SCOPE)) is not None  # Once the server closed it.
 
 
 def test_in_progress_claims_are_never_cached(redis_tier: str) -> None:

@@ -281,6 +281,14 @@ async def run_async(
     """
     if not conf.ENABLED:
         return await call()
+    with until_sent() as pending:
+        response = await _run_async(call, request, options, view)
+    return sent_then(response, pending)
+
+
+async def _run_async(
+    call: Callable[[], Awaitable[HttpResponseBase]], request: Any, options: Options, view: Any
+) -> HttpResponseBase:
     guard = Guard(request, options, view, force_lease=True, poll=True)
     early = await sync_to_async(guard.prepare)()
     if guard.may_wait:
