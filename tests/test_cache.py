@@ -33,7 +33,7 @@ from django_idempotency.stores import get_store
 from django_idempotency.stores.cache import cache_key
 from tests.models import Charge
 from tests.stores import claim_request, the_record, using_store
-from tests.utils import assert_problem, clear_own_keys, post, redis_caches
+from tests.utils import asgi_post, assert_problem, clear_own_keys, post, redis_caches
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799")
 URL = "/viewset/charges/"
@@ -160,24 +160,7 @@ def test_an_async_views_copy_to_the_cache_waits_until_its_response_is_sent(
 
     async def scenario() -> None:
         body = json.dumps({"amount": 10}).encode()
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/async/charges/",
-            "raw_path": b"/async/charges/",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"idempotency-key", b"key-1"),
-                (b"host", b"testserver"),
-            ],
-            "client": ("127.0.0.1", 1),
-            "server": ("testserver", 80),
-        }
+        scope = asgi_post("/async/charges/", "key-1")
 
         requests = [{"type": "http.request", "body": body, "more_body": False}]
 

@@ -30,6 +30,7 @@ from tests.models import Charge
 from tests.stores import hold
 from tests.utils import (
     CSRF_TOKEN,
+    asgi_post,
     assert_problem,
     fingerprint_of,
     logged_in_browser,
@@ -446,24 +447,7 @@ def test_a_cancelled_async_view_runs_to_its_end_and_the_retry_replays() -> None:
 
     async def scenario() -> tuple[list[Any], Any]:
         handler = ASGIHandler()
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/async/charges/",
-            "raw_path": b"/async/charges/",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"idempotency-key", b"gone-1"),
-                (b"host", b"testserver"),
-            ],
-            "client": ("127.0.0.1", 1),
-            "server": ("testserver", 80),
-        }
+        scope = asgi_post("/async/charges/", "gone-1")
         body = json.dumps({"amount": 10, "async_sleep": 0.5}).encode()
         sent: list[Any] = []
         # The client sends its request, then goes away while the view sleeps: once its key is

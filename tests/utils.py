@@ -136,3 +136,25 @@ def terminate(victim: Any) -> None:
         params.pop(name, None)
     with psycopg.connect(**params, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", [victim.connection.info.backend_pid])
+
+
+def asgi_post(path: str, key: str) -> dict[str, Any]:
+    """The ASGI scope of a JSON POST with an idempotency key, as a server hands it to Django."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"idempotency-key", key.encode()),
+            (b"host", b"testserver"),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
