@@ -11,7 +11,7 @@ from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.stores import PurgeResult, StoreUnavailable, get_store
+from django_idempotency.stores import PurgeOptions, PurgeResult, StoreUnavailable, get_store
 
 logger = logging.getLogger("django_idempotency")
 
@@ -55,13 +55,10 @@ def purge_expired_records(
             progress(result)
 
     try:
-        result = get_store().purge(
-            timezone.now(),
-            batch_size=batch_size,
-            namespace=namespace,
-            dry_run=dry_run,
-            progress=note_progress,
+        options = PurgeOptions(
+            batch_size=batch_size, namespace=namespace, dry_run=dry_run, progress=note_progress
         )
+        result = get_store().purge(timezone.now(), options)
     except (StoreUnavailable, OperationalError, InterfaceError) as exc:
         raise unreachable(exc, done) from exc
     report = PurgeReport(

@@ -25,6 +25,7 @@ from django_idempotency.admin import actions as admin_actions
 from django_idempotency.core.outcomes import Scope
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import PurgeResult, StoreUnavailable, get_store
+from django_idempotency.stores.base import ALL_AT_DEFAULTS, PurgeOptions
 from django_idempotency.stores.database import DatabaseStore
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.utils import lose_database
@@ -44,9 +45,9 @@ class RecordingStore(DatabaseStore):
 
 
 class UnavailableStore(DatabaseStore):
-    def purge(self, now: datetime, **kwargs: Any) -> PurgeResult:
-        if kwargs.get("dry_run"):
-            return super().purge(now, **kwargs)
+    def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
+        if options.dry_run:
+            return super().purge(now, options)
         raise StoreUnavailable("connection refused")
 
 

@@ -28,8 +28,8 @@ from django.utils import timezone
 from django_idempotency import signals
 from django_idempotency.core.outcomes import Scope, StoredResponse
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores import PurgeOptions, get_store
 from django_idempotency.stores import cache as cache_module
-from django_idempotency.stores import get_store
 from django_idempotency.stores.cache import cache_key
 from tests.models import Charge
 from tests.stores import claim_request, the_record, using_store
@@ -376,7 +376,9 @@ def test_a_purge_drops_the_copies_and_passes_the_scopes_to_the_callers_forget() 
     post(Client(), URL, key="key-2")
     forgotten: list[Scope] = []
 
-    result = get_store().purge(timezone.now() + timedelta(days=2), forget=forgotten.extend)
+    result = get_store().purge(
+        timezone.now() + timedelta(days=2), PurgeOptions(forget=forgotten.extend)
+    )
 
     assert result.expired == 2
     assert sorted(scope.key for scope in forgotten) == ["key-1", "key-2"]

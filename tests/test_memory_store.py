@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
-from django_idempotency.stores import PurgeResult, get_store
+from django_idempotency.stores import PurgeOptions, PurgeResult, get_store
 from django_idempotency.stores.memory import MemoryStore
 from tests.stores import claim_request, using_store
 
@@ -30,7 +30,7 @@ def test_purge_frees_expired_records_and_abandoned_claims_only() -> None:
     _begin(store, "running", lease=3 * 3600)  # Past its TTL, but its lease is still live.
     later = timezone.now() + timedelta(hours=2)
 
-    dry_run = store.purge(later, namespace="default", dry_run=True)
+    dry_run = store.purge(later, PurgeOptions(namespace="default", dry_run=True))
     purged = store.purge(later)
 
     assert dry_run == PurgeResult(expired=1, abandoned=2, batches=0)

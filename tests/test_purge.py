@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.purge import PurgeReport, purge_expired_records
-from django_idempotency.stores import PurgeResult, StoreUnavailable, get_store
+from django_idempotency.stores import PurgeOptions, PurgeResult, StoreUnavailable, get_store
 from tests.factories import IdempotencyRecordFactory
 from tests.utils import lose_database
 
@@ -140,7 +140,9 @@ def test_the_stores_purge_called_with_the_time_alone_deletes_in_batches_of_a_tho
     )
     seen: list[int] = []
 
-    result = get_store().purge(timezone.now(), progress=lambda done: seen.append(done.total))
+    result = get_store().purge(
+        timezone.now(), PurgeOptions(progress=lambda done: seen.append(done.total))
+    )
 
     assert seen == [1000, 1001]
     assert result == PurgeResult(expired=1001, abandoned=0, batches=2)

@@ -8,12 +8,21 @@ from django_idempotency.conf import conf, load_callable
 from django_idempotency.stores.base import (
     BaseStore,
     ClaimRequest,
+    PurgeOptions,
     PurgeResult,
     StoreBusy,
     StoreUnavailable,
 )
 
-__all__ = ["BaseStore", "ClaimRequest", "PurgeResult", "StoreBusy", "StoreUnavailable", "get_store"]
+__all__ = [
+    "BaseStore",
+    "ClaimRequest",
+    "PurgeOptions",
+    "PurgeResult",
+    "StoreBusy",
+    "StoreUnavailable",
+    "get_store",
+]
 
 
 def get_store() -> BaseStore:

@@ -22,6 +22,7 @@ __all__ = [
     "BaseStore",
     "ClaimRequest",
     "HeldKey",
+    "PurgeOptions",
     "PurgeResult",
     "Record",
     "StoreBusy",
@@ -48,6 +49,21 @@ class PurgeResult:
     @property
     def total(self) -> int:
         return self.expired + self.abandoned
+
+
+@dataclass(frozen=True)
+class PurgeOptions:
+    """How a store's `purge` runs."""
+
+    batch_size: int = 1000  # Records per batch; each batch is a transaction of its own.
+    namespace: str | None = None  # Only this namespace's records; None: every namespace's.
+    dry_run: bool = False  # Count what would be deleted, and delete nothing.
+    progress: Callable[[PurgeResult], None] | None = None  # Given the counts after each batch.
+    # Given each batch's scopes, to drop copies kept elsewhere; None: the store's `forget`.
+    forget: Callable[[Iterable[Scope]], None] | None = None
+
+
+ALL_AT_DEFAULTS = PurgeOptions()
 
 
 @dataclass(frozen=True)
@@ -114,16 +130,7 @@ class BaseStore:
     def release(self, claim: Claim) -> bool:
         raise NotImplementedError
 
-    def purge(
-        self,
-        now: datetime,
-        *,
-        batch_size: int = 1000,
-        namespace: str | None = None,
-        dry_run: bool = False,
-        progress: Callable[[PurgeResult], None] | None = None,
-        forget: Callable[[Iterable[Scope]], None] | None = None,
-    ) -> PurgeResult:
+    def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         raise NotImplementedError
 
     def forget(self, scopes: Iterable[Scope]) -> None:
@@ -141,10 +148,12 @@ class BaseStore:
         action()
 
 
-def fresh_claim(request: ClaimRequest, token: str) -> Claim:
-    """The claim of a request that now holds its key under `token`."""
+def fresh_claim(request: ClaimRequest, token: str, record_id: int | None = None) -> Claim:
+    """The claim of a request that now holds its key under `token` (in the record `record_id`,
+    for a store with row ids)."""
     return Claim(
         Outcome.FRESH,
+        record_id=record_id,
         lease_token=token,
         lease_expires_at=request.lease_expires_at,
         scope=request.scope,

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from datetime import datetime
 
 from django.core.cache import caches
@@ -14,7 +15,14 @@ from django.core.cache.backends.base import BaseCache
 
 from django_idempotency import signals
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
-from django_idempotency.stores.base import BaseStore, ClaimRequest, PurgeResult, after_response
+from django_idempotency.stores.base import (
+    ALL_AT_DEFAULTS,
+    BaseStore,
+    ClaimRequest,
+    PurgeOptions,
+    PurgeResult,
+    after_response,
+)
 
 logger = logging.getLogger("django_idempotency")
 
@@ -88,30 +96,16 @@ class CacheTier(BaseStore):
     def release(self, claim: Claim) -> bool:
         return self.inner.release(claim)
 
-    def purge(
-        self,
-        now: datetime,
-        *,
-        batch_size: int = 1000,
-        namespace: str | None = None,
-        dry_run: bool = False,
-        progress: Callable[[PurgeResult], None] | None = None,
-        forget: Callable[[Iterable[Scope]], None] | None = None,
-    ) -> PurgeResult:
+    def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
+        forget = options.forget
+
         def forget_everywhere(scopes: Iterable[Scope]) -> None:
             scopes = list(scopes)
             self.forget(scopes)
             if forget is not None:
                 forget(scopes)
 
-        return self.inner.purge(
-            now,
-            batch_size=batch_size,
-            namespace=namespace,
-            dry_run=dry_run,
-            progress=progress,
-            forget=forget_everywhere,
-        )
+        return self.inner.purge(now, replace(options, forget=forget_everywhere))
 
     def forget(self, scopes: Iterable[Scope]) -> None:
         keys = [cache_key(scope) for scope in scopes]

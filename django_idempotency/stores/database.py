@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
@@ -27,11 +27,14 @@ from django_idempotency.core.outcomes import Claim, Outcome, Scope, Status, Stor
 from django_idempotency.models import IdempotencyRecord, reclaimable
 from django_idempotency.stores import statements
 from django_idempotency.stores.base import (
+    ALL_AT_DEFAULTS,
     BaseStore,
     ClaimRequest,
+    PurgeOptions,
     PurgeResult,
     StoreBusy,
     StoreUnavailable,
+    fresh_claim,
 )
 from django_idempotency.stores.batches import delete_batch
 from django_idempotency.stores.connections import on_a_live_connection
@@ -117,17 +120,8 @@ class DatabaseStore(BaseStore):
                 return Claim(Outcome.IN_PROGRESS)
             raise StoreUnavailable(str(exc)) from exc
         if claimed:
-            return Claim(
-                Outcome.FRESH,
-                record_id=row.pk,
-                lease_token=token,
-                lease_expires_at=row.lease_expires_at,
-                scope=request.scope,
-                fingerprint=row.fingerprint,
-                expires_at=row.expires_at,
-                method=request.method,
-                path=request.path,
-            )
+            # Inserted or taken over just now, so written as the request asked.
+            return fresh_claim(request, token, record_id=row.pk)
         return row.answer(request)
 
     def _insert_or_find(
@@ -267,35 +261,26 @@ class DatabaseStore(BaseStore):
             deleted, _ = self._own(claim).delete()
         return deleted == 1
 
-    def purge(
-        self,
-        now: datetime,
-        *,
-        batch_size: int = 1000,
-        namespace: str | None = None,
-        dry_run: bool = False,
-        progress: Callable[[PurgeResult], None] | None = None,
-        forget: Callable[[Iterable[Scope]], None] | None = None,
-    ) -> PurgeResult:
+    def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         records = IdempotencyRecord.objects.using(self.alias).filter(reclaimable(now))
-        if namespace is not None:
-            records = records.filter(namespace=namespace)
-        if dry_run:
+        if options.namespace is not None:
+            records = records.filter(namespace=options.namespace)
+        if options.dry_run:
             return PurgeResult(
                 expired=records.filter(status=Status.COMPLETED.value).count(),
                 abandoned=records.filter(status=Status.IN_PROGRESS.value).count(),
             )
         result = PurgeResult()
-        while deleted := delete_batch(self.alias, records, batch_size):
+        while deleted := delete_batch(self.alias, records, options.batch_size):
             result.batches += 1
             for status, *_ in deleted:
                 if status == Status.COMPLETED:
                     result.expired += 1
                 else:
                     result.abandoned += 1
-            (forget or self.forget)(Scope(*scope) for _, *scope in deleted)
-            if progress is not None:
-                progress(result)
+            (options.forget or self.forget)(Scope(*scope) for _, *scope in deleted)
+            if options.progress is not None:
+                options.progress(result)
         return result
 
     @contextlib.contextmanager

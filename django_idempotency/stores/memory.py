@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
 
@@ -15,8 +14,10 @@ from django_idempotency.core.outcomes import (
     StoredResponse,
 )
 from django_idempotency.stores.base import (
+    ALL_AT_DEFAULTS,
     BaseStore,
     ClaimRequest,
+    PurgeOptions,
     PurgeResult,
     Record,
     fresh_claim,
@@ -74,36 +75,27 @@ class MemoryStore(BaseStore):
             del self.records[claim.scope]
         return True
 
-    def purge(
-        self,
-        now: datetime,
-        *,
-        batch_size: int = 1000,
-        namespace: str | None = None,
-        dry_run: bool = False,
-        progress: Callable[[PurgeResult], None] | None = None,
-        forget: Callable[[Iterable[Scope]], None] | None = None,
-    ) -> PurgeResult:
+    def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         """Expired records and abandoned claims go in one batch: a dict needs no batching."""
         result = PurgeResult()
         with self._lock:
             gone = [
                 (scope, record)
                 for scope, record in self.records.items()
-                if record.abandoned(now) and namespace in (None, scope.namespace)
+                if record.abandoned(now) and options.namespace in (None, scope.namespace)
             ]
             for scope, record in gone:
                 if record.status == Status.COMPLETED:
                     result.expired += 1
                 else:
                     result.abandoned += 1
-                if not dry_run:
+                if not options.dry_run:
                     del self.records[scope]
-        if gone and not dry_run:
+        if gone and not options.dry_run:
             result.batches = 1
-            (forget or self.forget)(scope for scope, _ in gone)
-            if progress is not None:
-                progress(result)
+            (options.forget or self.forget)(scope for scope, _ in gone)
+            if options.progress is not None:
+                options.progress(result)
         return result
 
     def _own(self, claim: Claim) -> Record | None:

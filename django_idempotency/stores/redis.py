@@ -21,8 +21,10 @@ from django_idempotency.core.outcomes import (
     StoredResponse,
 )
 from django_idempotency.stores.base import (
+    ALL_AT_DEFAULTS,
     BaseStore,
     ClaimRequest,
+    PurgeOptions,
     PurgeResult,
     Record,
     StoreUnavailable,
@@ -158,7 +160,7 @@ class RedisStore(BaseStore):
         assert claim.scope is not None
         return bool(self._run(RELEASE, self.record_key(claim.scope), [claim.lease_token]))
 
-    def purge(self, now: datetime, **options: Any) -> PurgeResult:
+    def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         """Nothing to do, whatever the options: Redis deletes each record when it expires."""
         logger.info("The Redis store's records expire by Redis TTL: the purge deletes nothing.")
         return PurgeResult()
