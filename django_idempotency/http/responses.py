@@ -81,6 +81,7 @@ def sent_then(response: HttpResponseBase, actions: list[Callable[[], None]]) -> 
     sending it, and closing runs its closers. A response that a middleware replaces is never
     closed, and its actions never run: they are ones that no answer depends on."""
     if actions:
+        # Django's own list of what closing a response runs (a FileResponse's file, say).
         response._resource_closers.extend(actions)  # type: ignore[attr-defined]
     return response
 
