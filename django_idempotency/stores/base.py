@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -107,6 +107,11 @@ class BaseStore:
       short batches, each its own transaction, calling `forget` (by default `self.forget`)
       with each batch's scopes. A backend that expires records itself returns an empty result.
     - `forget` drops any copies kept outside the store of record (the cache tier's).
+    - Where reading a held key and taking it over are separate steps, the store calls
+      `between_steps("take-over")` after the read that found the record abandoned and before
+      the write that takes it over, and that write checks again, against the same `now`, that
+      the record is still abandoned: what happened in between (a late completion, a rival
+      retry) wins. Tests run a competing step exactly there with `interleave`.
     - `atomic` is the transaction atomic mode runs the view in. It yields whether it opened that
       transaction itself; if so, `discard` rolls the view's work back with the claim. If not (a
       caller's transaction was already open) the claim joins it, and is released on failure.
@@ -253,3 +258,25 @@ def until_sent() -> Iterator[list[Callable[[], None]]]:
         yield pending
     finally:
         _after_response.reset(token)
+
+
+_interleavings: ContextVar[Mapping[str, Callable[[], None]] | None] = ContextVar(
+    "django_idempotency_interleavings", default=None
+)
+
+
+def between_steps(step: str) -> None:
+    """Run the callback a test installed for `step` (see `interleave`); nothing otherwise."""
+    callbacks = _interleavings.get()
+    if callbacks is not None and step in callbacks:
+        callbacks[step]()
+
+
+@contextlib.contextmanager
+def interleave(callbacks: Mapping[str, Callable[[], None]]) -> Iterator[None]:
+    """Run each callback when a store reaches its step: deterministic interleavings for tests."""
+    token = _interleavings.set(callbacks)
+    try:
+        yield
+    finally:
+        _interleavings.reset(token)
