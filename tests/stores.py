@@ -19,6 +19,7 @@ from django_idempotency.stores import BaseStore, ClaimRequest, _store_for, get_s
 from django_idempotency.stores.cache import CacheTier
 from django_idempotency.stores.memory import MemoryStore
 from django_idempotency.stores.redis import RedisStore
+from django_idempotency.stores.redis import _ms as redis_ms
 from tests.utils import fingerprint_of, redis_caches
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799")
@@ -146,7 +147,7 @@ def expire_all(moment: datetime) -> None:
     elif isinstance(store, RedisStore):
         connection = store.connection()
         for key in redis_keys(store):
-            connection.hset(key, "expires_at", round(moment.timestamp() * 1000))
+            connection.hset(key, "expires_at", redis_ms(moment))
     else:
         IdempotencyRecord.objects.update(expires_at=moment)
 

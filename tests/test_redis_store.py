@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +23,7 @@ from django.utils import timezone
 from django_idempotency.attempts import Attempt
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.stores import StoreUnavailable, get_store
+from django_idempotency.stores.base import interleave
 from django_idempotency.stores.redis import TAKE_OVER, RedisStore
 from tests.models import Charge
 from tests.stores import (
@@ -29,13 +34,16 @@ from tests.stores import (
     the_record,
     using_store,
 )
-from tests.utils import ViewKind, assert_problem, post
+from tests.utils import ViewKind, assert_problem, fingerprint_of, post
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 URL = "/function/charges/"
 SCOPE = Scope("default", "", "key-1")
 DEAD = "redis://127.0.0.1:9/0"  # Nothing listens there: every call fails as with Redis down.
+# A key's expiry is set relative to when its script runs, on Redis's clock: the record's own
+# expiry, late by the time between the request's `now` and its script (well under a second).
+LATE = 1000
 
 
 @pytest.fixture
@@ -58,7 +66,7 @@ def test_each_record_is_one_hash_whose_key_hash_tags_the_scope(redis_store: Redi
     connection = redis_store.connection()
     [key] = redis_keys(redis_store)
     digest = hashlib.sha256(b"default\x00\x00key-1").hexdigest()
-    assert re.fullmatch(rf"tests-\d+:django_idempotency:1:\{{{digest}\}}", key.decode())
+    assert re.fullmatch(rf"tests-\d+:1:django_idempotency:1:\{{{digest}\}}", key.decode())
     fields = {name.decode() for name in connection.hgetall(key)}
     assert fields == {
         *("namespace", "owner", "key", "fingerprint", "method", "path", "status"),
@@ -73,7 +81,7 @@ def test_a_completed_record_expires_with_its_ttl_in_redis(redis_store: RedisStor
 
     [key] = redis_keys(redis_store)
     expires_at = the_record().expires_at.timestamp() * 1000
-    assert abs(redis_store.connection().pexpiretime(key) - expires_at) <= 1
+    assert -1 <= redis_store.connection().pexpiretime(key) - expires_at <= LATE
 
 
 def test_a_claim_outlives_a_ttl_shorter_than_its_lease(redis_store: RedisStore) -> None:
@@ -82,7 +90,7 @@ def test_a_claim_outlives_a_ttl_shorter_than_its_lease(redis_store: RedisStore) 
     [key] = redis_keys(redis_store)
     assert claim.lease_expires_at is not None
     lease_end = claim.lease_expires_at.timestamp() * 1000
-    assert abs(redis_store.connection().pexpiretime(key) - lease_end) <= 1
+    assert -1 <= redis_store.connection().pexpiretime(key) - lease_end <= LATE
     # Past its TTL but within its lease, the claim still holds the key.
     later = replace(claim_request(), now=timezone.now() + timedelta(seconds=10))
     assert redis_store.begin(later).outcome is Outcome.IN_PROGRESS
@@ -154,7 +162,8 @@ def test_without_a_key_prefix_a_records_key_is_the_documented_layout_alone() -> 
         key = RedisStore().record_key(SCOPE)
 
     digest = hashlib.sha256(b"default\x00\x00key-1").hexdigest()
-    assert key == f"django_idempotency:1:{{{digest}}}"
+    # Django's default key function, <KEY_PREFIX>:<VERSION>:<key>, as for the cache's own keys.
+    assert key == f":1:django_idempotency:1:{{{digest}}}"
 
 
 def test_redis_down_is_logged_with_the_alias_and_redis_error(
@@ -215,3 +224,248 @@ def test_with_a_replica_configured_records_are_written_and_read_on_the_primary()
     assert (first.status_code, retry["Idempotent-Replayed"]) == (201, "true")
     assert on == {primary: 1, replica: 0}
     assert Charge.objects.count() == 1
+
+
+def test_a_take_over_meeting_a_late_completion_replays_it_and_the_view_does_not_run(
+    redis_store: RedisStore,
+) -> None:
+    # The first request's lease has run out (lease 0) but its request is only slow: it
+    # completes after the retry read its claim as abandoned, before the retry takes it over.
+    body = {"amount": 10}
+    original = redis_store.begin(claim_request(fingerprint=fingerprint_of(URL, body), lease=0))
+    stored = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": "original"}')
+    completed = []
+
+    def original_completes() -> None:
+        completed.append(redis_store.complete(original, stored, timezone.now()))
+
+    with interleave({"take-over": original_completes}):
+        retry = post(Client(), URL, body)
+
+    assert completed == [True]
+    assert (retry.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+    assert retry.content == b'{"id": "original"}'
+    assert Charge.objects.count() == 0  # The view did not run a second time.
+    assert (the_record().status, the_record().response_body) == ("completed", stored.body)
+
+
+@pytest.mark.parametrize(
+    ("fingerprint", "outcome"),
+    [("f" * 64, Outcome.REPLAY), ("0" * 64, Outcome.MISMATCH)],
+    ids=["same-request", "other-request"],
+)
+def test_a_take_over_answers_what_a_record_completed_meanwhile_means(
+    redis_store: RedisStore, fingerprint: str, outcome: Outcome
+) -> None:
+    original = redis_store.begin(claim_request(lease=1))
+    later = replace(
+        claim_request(fingerprint=fingerprint), now=timezone.now() + timedelta(seconds=2)
+    )
+
+    def original_completes() -> None:
+        assert redis_store.complete(original, StoredResponse(201, [], b"done"), later.now)
+
+    with interleave({"take-over": original_completes}):
+        claim = redis_store.begin(later)
+
+    assert claim.outcome is outcome
+    replayed = StoredResponse(201, [], b"done") if outcome is Outcome.REPLAY else None
+    assert claim.response == replayed
+    assert (the_record().status, the_record().response_body) == ("completed", b"done")
+
+
+def test_a_take_over_of_a_claim_released_meanwhile_claims_the_free_key(
+    redis_store: RedisStore,
+) -> None:
+    original = redis_store.begin(claim_request(lease=0))
+
+    with interleave({"take-over": lambda: redis_store.release(original)}):
+        retry = redis_store.begin(claim_request())
+
+    assert retry.outcome is Outcome.FRESH
+    assert the_record().status == "in_progress"
+    assert redis_store.complete(retry, StoredResponse(201, [], b"retry"), timezone.now())
+
+
+def in_the_repeated_hour(seconds: int = 0) -> datetime:
+    """Paris's local time in the hour that repeats when its clocks go back (fold=1: the second
+    02:30), as `timezone.now()` gives it with USE_TZ = False."""
+    return datetime(2026, 10, 25, 2, 30, seconds, fold=1)
+
+
+@pytest.fixture
+def naive_paris_time() -> Iterator[None]:
+    with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
+        yield
+
+
+def test_use_tz_false_a_claim_in_the_repeated_hour_holds_its_key(
+    redis_store: RedisStore, naive_paris_time: None
+) -> None:
+    # `now + ttl` and `now + lease` land in the first 02:30-02:40, an hour before `now` if
+    # read as local times: the claim must still hold the key for its lease and its TTL.
+    first = replace(claim_request(ttl=600, lease=60), now=in_the_repeated_hour())
+    claim = redis_store.begin(first)
+
+    [key] = redis_keys(redis_store)
+    assert 0 < redis_store.connection().pttl(key) <= 600_000
+    retry = replace(first, now=in_the_repeated_hour(10))
+    assert redis_store.begin(retry).outcome is Outcome.IN_PROGRESS
+    assert redis_store.complete(claim, StoredResponse(201, [], b"done"), in_the_repeated_hour(20))
+    assert 0 < redis_store.connection().pttl(key) <= 580_000
+    replay = redis_store.begin(replace(first, now=in_the_repeated_hour(30)))
+    assert (replay.outcome, replay.response) == (Outcome.REPLAY, StoredResponse(201, [], b"done"))
+
+
+def test_use_tz_false_a_retry_in_the_repeated_hour_is_replayed(
+    redis_store: RedisStore, naive_paris_time: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(timezone, "now", in_the_repeated_hour)
+
+    with override_settings(IDEMPOTENCY_TTL=timedelta(minutes=10)):
+        first = post(Client(), URL)
+        retry = post(Client(), URL)
+
+    assert (first.status_code, retry.status_code, retry["Idempotent-Replayed"]) == (
+        201,
+        201,
+        "true",
+    )
+    assert retry.content == first.content
+    assert Charge.objects.count() == 1
+
+
+@contextlib.contextmanager
+def maxmemory_policy(policy: str) -> Iterator[None]:
+    """The test Redis with `policy` for the block, then its own again. Its maxmemory is 0 (no
+    limit), so nothing is evicted meanwhile, whatever the policy."""
+    server = redis.Redis.from_url(REDIS_URL)
+    original = server.config_get("maxmemory-policy")["maxmemory-policy"]
+    server.config_set("maxmemory-policy", policy)
+    try:
+        yield
+    finally:
+        server.config_set("maxmemory-policy", original)
+        server.close()
+
+
+def logged(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "django_idempotency" and r.levelno == level
+    ]
+
+
+@pytest.mark.parametrize("policy", ["volatile-lru", "allkeys-lfu"])
+def test_a_redis_that_may_evict_claims_is_warned_about_once_at_first_use(
+    policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        maxmemory_policy(policy),
+        using_store("redis"),
+        caplog.at_level(logging.WARNING, logger="django_idempotency"),
+    ):
+        first = post(Client(), URL)
+        retry = post(Client(), URL)
+
+    assert (first.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+    assert logged(caplog, logging.WARNING) == [
+        f"The Redis of IDEMPOTENCY_REDIS_CACHE = 'idempotency' evicts keys when its memory is"
+        f" full (maxmemory-policy {policy}): a claim it evicts lets a retry run the view again."
+        " Set maxmemory-policy noeviction on that Redis."
+    ]
+
+
+def test_a_redis_that_never_evicts_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        maxmemory_policy("noeviction"),
+        using_store("redis"),
+        caplog.at_level(logging.DEBUG, logger="django_idempotency"),
+    ):
+        post(Client(), URL)
+
+    assert logged(caplog, logging.WARNING) == []
+
+
+@pytest.fixture
+def redis_refusing_config() -> Iterator[str]:
+    """A Redis of this test's own whose CONFIG command is gone, as on managed Redis services."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            *("redis-server", "--port", str(port), "--bind", "127.0.0.1"),
+            *("--save", "", "--appendonly", "no", "--rename-command", "CONFIG", ""),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port, socket_timeout=1)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # Until it accepts connections: started, not raced.
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert server.poll() is None and time.monotonic() < deadline, "no redis-server"
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_a_redis_that_refuses_config_is_used_and_said_so_at_debug_level(
+    redis_refusing_config: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        override_settings(**redis_settings(redis_refusing_config)),
+        caplog.at_level(logging.DEBUG, logger="django_idempotency"),
+    ):
+        first = post(Client(), URL)
+        retry = post(Client(), URL)
+
+    assert (first.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+    assert logged(caplog, logging.WARNING) == []
+    [message] = [m for m in logged(caplog, logging.DEBUG) if "maxmemory-policy" in m]
+    assert message.startswith(
+        "Could not read the maxmemory-policy of the Redis of IDEMPOTENCY_REDIS_CACHE ="
+        " 'idempotency' (make sure it is noeviction): "
+    )
+
+
+def tenant_b_key(key: str, key_prefix: str, version: int) -> str:
+    """A KEY_FUNCTION that puts a tenant's name first, as django-tenants does."""
+    return f"tenant-b:{key_prefix}:{version}:{key}"
+
+
+@pytest.mark.parametrize(
+    "other",
+    [{"VERSION": 2}, {"KEY_FUNCTION": "tests.test_redis_store.tenant_b_key"}],
+    ids=["version", "key-function"],
+)
+def test_caches_apart_by_version_or_key_function_keep_their_records_apart(
+    other: dict[str, Any],
+) -> None:
+    settings = redis_settings()
+    caches = settings["CACHES"]
+    caches["tenant-b"] = {**caches["idempotency"], **other}
+    with override_settings(**settings):
+        tenant_a = RedisStore()
+        with override_settings(IDEMPOTENCY_REDIS_CACHE="tenant-b"):
+            tenant_b = RedisStore()
+            key_b = tenant_b.record_key(SCOPE)
+        key_a = tenant_a.record_key(SCOPE)
+        try:
+            a = tenant_a.begin(claim_request())
+            with override_settings(IDEMPOTENCY_REDIS_CACHE="tenant-b"):
+                b = tenant_b.begin(claim_request())
+        finally:
+            tenant_a.connection().delete(key_a, key_b)
+
+    assert (a.outcome, b.outcome) == (Outcome.FRESH, Outcome.FRESH)
+    assert key_a != key_b
+    assert re.fullmatch(r"\{[0-9a-f]{64}\}", key_b[key_b.index("{") :])

@@ -28,6 +28,7 @@ from django_idempotency.stores.base import (
     PurgeResult,
     Record,
     StoreUnavailable,
+    between_steps,
     fresh_claim,
 )
 
@@ -54,28 +55,53 @@ _READ = (
 )
 
 # Writes a new claim from ARGV[1..11]; shared by the claim and the take-over, so both write
-# the same record. The key lives until the record expires, and never before its lease ends.
+# the same record. The key lives for ARGV[11] ms, until the record expires and never before
+# its lease ends: a time relative to Redis's own clock, so that it holds whatever the
+# application's clock says (naive local time across a clock change, a clock that differs).
 _WRITE_CLAIM = """
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'namespace', ARGV[1], 'owner', ARGV[2], 'key', ARGV[3],
   'fingerprint', ARGV[4], 'method', ARGV[5], 'path', ARGV[6], 'status', 'in_progress',
   'lease_token', ARGV[7], 'lease_expires_at', ARGV[8], 'created_at', ARGV[9],
   'expires_at', ARGV[10])
-redis.call('PEXPIREAT', KEYS[1], ARGV[11])
+redis.call('PEXPIRE', KEYS[1], ARGV[11])
 """
+
+_READ_RECORD = f"local found = redis.call('HMGET', KEYS[1], {', '.join(repr(f) for f in _READ)})\n"
+
+
+def _found(field: str) -> str:
+    """The Lua expression of a field `_READ_RECORD` read, false when the record has none."""
+    return f"found[{_READ.index(field) + 1}]"
+
 
 # The claim: the record holding the key, or nil once this request has claimed it.
 CLAIM = (
-    f"local found = redis.call('HMGET', KEYS[1], {', '.join(repr(f) for f in _READ)})\n"
-    "if found[1] then return found end\n" + _WRITE_CLAIM + "return false\n"
+    _READ_RECORD
+    + f"if {_found('status')} then return found end\n"
+    + _WRITE_CLAIM
+    + "return false\n"
 )
 
-# An abandoned record taken over, only if it still carries the token it was read with
-# (ARGV[12]): of two retries that read the same stale record, exactly one wins.
+# The take-over of a record the claim read as abandoned, or the record as it is now if it may
+# no longer be taken over: it must still carry the token it was read with (ARGV[12]), so that
+# of two retries that read the same stale record exactly one wins, and still be abandoned at
+# `now` (ARGV[9]) by `core.outcomes.is_abandoned`'s rule, so that a completion that came in
+# between is replayed, not run again. A record gone meanwhile leaves the key free to claim.
 TAKE_OVER = (
-    "if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[12] then return 0 end\n"
+    _READ_RECORD
+    + f"""if {_found("status")} then
+  local now, abandoned = tonumber(ARGV[9]), false
+  if {_found("status")} == 'in_progress' and {_found("lease_expires_at")} then
+    abandoned = tonumber({_found("lease_expires_at")}) <= now
+  else
+    abandoned = tonumber({_found("expires_at")}) <= now
+  end
+  if {_found("lease_token")} ~= ARGV[12] or not abandoned then return found end
+end
+"""
     + _WRITE_CLAIM
-    + "return 1\n"
+    + "return false\n"
 )
 
 # Completion and release act only while the record carries the claim's token (fencing).
@@ -85,7 +111,7 @@ redis.call('HSET', KEYS[1], 'status', 'completed', 'response_status', ARGV[2],
   'response_reason', ARGV[3], 'response_headers', ARGV[4], 'response_body', ARGV[5],
   'completed_at', ARGV[6])
 redis.call('HDEL', KEYS[1], 'lease_expires_at')
-redis.call('PEXPIREAT', KEYS[1], ARGV[7])
+redis.call('PEXPIRE', KEYS[1], ARGV[7])
 return 1
 """
 
@@ -106,6 +132,7 @@ class RedisStore(BaseStore):
 
     def __init__(self) -> None:
         self._scripts: dict[str, Script] = {}
+        self._policies_checked: set[str] = set()  # The aliases whose eviction policy was read.
 
     @property
     def alias(self) -> str:
@@ -124,10 +151,11 @@ class RedisStore(BaseStore):
             ) from exc
 
     def record_key(self, scope: Scope) -> str:
-        """One key per record; its hash tag puts the whole record in one Cluster slot."""
+        """One key per record, made as the cache alias makes its own keys (its KEY_PREFIX,
+        VERSION and KEY_FUNCTION: caches kept apart by them keep their records apart); its hash
+        tag puts the whole record in one Cluster slot."""
         digest = hashlib.sha256("\x00".join((scope.namespace, scope.owner, scope.key)).encode())
-        prefix = caches[self.alias].key_prefix
-        return f"{prefix}{':' if prefix else ''}django_idempotency:1:{{{digest.hexdigest()}}}"
+        return caches[self.alias].make_key(f"django_idempotency:1:{{{digest.hexdigest()}}}")
 
     def begin(self, request: ClaimRequest) -> Claim:
         key = self.record_key(request.scope)
@@ -138,9 +166,14 @@ class RedisStore(BaseStore):
             record = _record(found, like=request.now)
             if not record.abandoned(request.now):
                 return record.answer(request)
-            # Expired, or its request's lease ran out: take it over unless another retry did.
-            if not self._run(TAKE_OVER, key, [*claim_args, record.lease_token]):
-                return Claim(Outcome.IN_PROGRESS)
+            # Expired, or its request's lease ran out: take it over, unless it changed since.
+            between_steps("take-over")
+            found = self._run(TAKE_OVER, key, [*claim_args, record.lease_token])
+            if found is not None:
+                record = _record(found, like=request.now)
+                if record.abandoned(request.now):
+                    return Claim(Outcome.IN_PROGRESS)  # Another retry took it over first.
+                return record.answer(request)  # Completed meanwhile (or another retry's).
         return fresh_claim(request, token)
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
@@ -152,7 +185,7 @@ class RedisStore(BaseStore):
             json.dumps(response.headers),
             response.body,
             _ms(now),
-            _ms(claim.expires_at),
+            _ms(claim.expires_at) - _ms(now),  # PEXPIRE: a zero or negative time deletes.
         ]
         return bool(self._run(COMPLETE, self.record_key(claim.scope), args))
 
@@ -171,12 +204,42 @@ class RedisStore(BaseStore):
 
         try:
             connection = self.connection()
+            if self.alias not in self._policies_checked:
+                self._check_eviction_policy(connection)
             script = self._scripts.get(source)
             if script is None:
                 script = self._scripts[source] = connection.register_script(source)
             return script(keys=[key], args=args, client=connection)
         except RedisError as exc:
             raise StoreUnavailable(f"Redis ({self.alias!r}): {exc}") from exc
+
+    def _check_eviction_policy(self, connection: Redis) -> None:
+        """Warn, once per alias, of a Redis that may evict a live claim: with any policy but
+        noeviction it drops keys that have an expiry (every record has one) when memory is full,
+        and a retry whose claim was evicted runs the view again."""
+        from redis.exceptions import ResponseError
+
+        try:
+            answer = connection.config_get("maxmemory-policy")
+        except ResponseError as exc:  # CONFIG renamed away or not allowed (managed Redis).
+            logger.debug(
+                "Could not read the maxmemory-policy of the Redis of IDEMPOTENCY_REDIS_CACHE ="
+                " %r (make sure it is noeviction): %s",
+                self.alias,
+                exc,
+            )
+        else:
+            # A dict of str on every client django-redis builds; anything else is not judged.
+            policy = answer.get("maxmemory-policy") if isinstance(answer, dict) else None
+            if policy is not None and policy != "noeviction":
+                logger.warning(
+                    "The Redis of IDEMPOTENCY_REDIS_CACHE = %r evicts keys when its memory is"
+                    " full (maxmemory-policy %s): a claim it evicts lets a retry run the view"
+                    " again. Set maxmemory-policy noeviction on that Redis.",
+                    self.alias,
+                    policy,
+                )
+        self._policies_checked.add(self.alias)
 
 
 def _record(found: list[bytes | None], *, like: datetime) -> Record:
@@ -208,6 +271,7 @@ def _record(found: list[bytes | None], *, like: datetime) -> Record:
 
 def _claim_args(request: ClaimRequest, token: str) -> list[Any]:
     scope = request.scope
+    now = _ms(request.now)
     expires = _ms(request.expires_at)
     lease_end = _ms(request.lease_expires_at or request.expires_at)
     return [
@@ -219,14 +283,21 @@ def _claim_args(request: ClaimRequest, token: str) -> list[Any]:
         request.path,
         token,
         lease_end,
-        _ms(request.now),
+        now,
         expires,
-        max(expires, lease_end),
+        max(expires, lease_end) - now,  # PEXPIRE: how long the key must live from now.
     ]
 
 
 def _ms(moment: datetime) -> int:
-    """Milliseconds since the epoch (a naive datetime is local time, as with USE_TZ = False)."""
+    """Milliseconds since the epoch, in the same order as the datetimes.
+
+    A naive datetime is local time (USE_TZ = False) and is read as its first occurrence: in
+    the hour a clock change repeats, `now` (fold=1, the second occurrence) and `now + ttl`
+    (fold=0, as datetime arithmetic leaves it) would otherwise be an hour apart the wrong way.
+    """
+    if moment.tzinfo is None:
+        moment = moment.replace(fold=0)
     return round(moment.timestamp() * 1000)
 
 
