@@ -527,14 +527,14 @@ class RedisRecords:
     @staticmethod
     def key(namespace: str, owner: str, key: str) -> str:
         digest = hashlib.sha256("\x00".join((namespace, owner, key)).encode()).hexdigest()
-        return f"django_idempotency:1:{{{digest}}}"
+        return f":1:django_idempotency:1:{{{digest}}}"  # No KEY_PREFIX, VERSION 1.
 
     def records(self, namespace: str, prefix: str = "") -> dict[tuple[str, str], tuple[Any, ...]]:
         """(owner, key) -> (status, response_status, response_body, lease_token) of a namespace."""
         client = redis.Redis.from_url(self.url, socket_timeout=5)
         found: dict[tuple[str, str], tuple[Any, ...]] = {}
         try:
-            for name in client.scan_iter(match="django_idempotency:1:*", count=1000):
+            for name in client.scan_iter(match=":1:django_idempotency:1:*", count=1000):
                 raw: dict[bytes, bytes] = client.hgetall(name)  # type: ignore[assignment]
                 fields = {field.decode(): value for field, value in raw.items()}
                 text = {field: value.decode(errors="replace") for field, value in fields.items()}
