@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from django_idempotency.attempts import Attempt
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
-from django_idempotency.stores import StoreUnavailable, get_store
+from django_idempotency.stores import ClaimRequest, StoreUnavailable, get_store
 from django_idempotency.stores.base import interleave
 from django_idempotency.stores.redis import TAKE_OVER, RedisStore
 from tests.models import Charge
@@ -226,13 +226,18 @@ def test_with_a_replica_configured_records_are_written_and_read_on_the_primary()
     assert Charge.objects.count() == 1
 
 
+def leased_out(request: ClaimRequest) -> ClaimRequest:
+    """`request` made two seconds ago with a lease of one: its lease ran out a second ago."""
+    return replace(request, now=request.now - timedelta(seconds=2), lease=timedelta(seconds=1))
+
+
 def test_a_take_over_meeting_a_late_completion_replays_it_and_the_view_does_not_run(
     redis_store: RedisStore,
 ) -> None:
-    # The first request's lease has run out (lease 0) but its request is only slow: it
+    # The first request's lease ran out a second ago, but its request is only slow: it
     # completes after the retry read its claim as abandoned, before the retry takes it over.
     body = {"amount": 10}
-    original = redis_store.begin(claim_request(fingerprint=fingerprint_of(URL, body), lease=0))
+    original = redis_store.begin(leased_out(claim_request(fingerprint=fingerprint_of(URL, body))))
     stored = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": "original"}')
     completed = []
 
@@ -277,7 +282,7 @@ def test_a_take_over_answers_what_a_record_completed_meanwhile_means(
 def test_a_take_over_of_a_claim_released_meanwhile_claims_the_free_key(
     redis_store: RedisStore,
 ) -> None:
-    original = redis_store.begin(claim_request(lease=0))
+    original = redis_store.begin(leased_out(claim_request()))
 
     with interleave({"take-over": lambda: redis_store.release(original)}):
         retry = redis_store.begin(claim_request())
