@@ -290,7 +290,8 @@ def _claim_args(request: ClaimRequest, token: str) -> list[Any]:
 
 
 def _ms(moment: datetime) -> int:
-    """Milliseconds since the epoch, in the same order as the datetimes.
+    """Milliseconds since the epoch; `now` and the times computed from it (`now + ttl`,
+    `now + lease`) keep their order.
 
     A naive datetime is local time (USE_TZ = False) and is read as its first occurrence: in
     the hour a clock change repeats, `now` (fold=1, the second occurrence) and `now + ttl`
