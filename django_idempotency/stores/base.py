@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,7 +28,9 @@ __all__ = [
     "StoreBusy",
     "StoreUnavailable",
     "after_response",
+    "between_steps",
     "fresh_claim",
+    "interleave",
     "until_sent",
 ]
 
@@ -253,3 +255,25 @@ def until_sent() -> Iterator[list[Callable[[], None]]]:
         yield pending
     finally:
         _after_response.reset(token)
+
+
+_interleavings: ContextVar[Mapping[str, Callable[[], None]] | None] = ContextVar(
+    "django_idempotency_interleavings", default=None
+)
+
+
+def between_steps(step: str) -> None:
+    """Run the callback a test installed for `step` (see `interleave`); nothing otherwise."""
+    callbacks = _interleavings.get()
+    if callbacks is not None and step in callbacks:
+        callbacks[step]()
+
+
+@contextlib.contextmanager
+def interleave(callbacks: Mapping[str, Callable[[], None]]) -> Iterator[None]:
+    """Run each callback when a store reaches its step: deterministic interleavings for tests."""
+    token = _interleavings.set(callbacks)
+    try:
+        yield
+    finally:
+        _interleavings.reset(token)
