@@ -30,7 +30,7 @@ from django_idempotency.core.outcomes import Scope, StoredResponse
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import PurgeOptions, get_store
 from django_idempotency.stores import cache as cache_module
-from django_idempotency.stores.cache import cache_key
+from django_idempotency.stores.cache import CachedRecord, cache_key
 from tests.models import Charge
 from tests.stores import claim_request, the_record, using_store
 from tests.utils import asgi_post, assert_problem, clear_own_keys, post, redis_caches
@@ -214,7 +214,7 @@ def test_purge_removes_cached_copies(redis_tier: str) -> None:
     result = get_store().purge(timezone.now() + timedelta(days=2))
 
     assert result.expired == 1
-    assert caches["idempotency"].get(cache_key(SCOPE)) is None
+    assert copy_in("idempotency") is None
 
 
 def test_redis_down_fails_no_request(dead_redis: None) -> None:
@@ -273,6 +273,12 @@ def test_purge_with_redis_down_still_purges(dead_redis: None) -> None:
 
     assert get_store().purge(timezone.now() + timedelta(days=2)).expired == 1
     assert not IdempotencyRecord.objects.exists()
+
+
+def copy_in(alias: str) -> CachedRecord | None:
+    """The copy of SCOPE's record in the cache `alias`; a forgotten record's tombstone is none."""
+    value = caches[alias].get(cache_key(SCOPE))
+    return value if isinstance(value, tuple) else None
 
 
 def _claim_request() -> object:
@@ -343,7 +349,7 @@ def test_a_purge_of_the_memory_store_drops_the_copies_too() -> None:
 
         assert get_store().purge(timezone.now() + timedelta(days=2)).expired == 1
 
-        assert caches["tier"].get(cache_key(SCOPE)) is None  # No copy outlives its record.
+        assert copy_in("tier") is None  # No copy outlives its record.
         clear_own_keys("tier")
 
 
@@ -381,7 +387,7 @@ def test_a_purge_drops_the_copies_and_passes_the_scopes_to_the_callers_forget() 
 
     assert result.expired == 2
     assert sorted(scope.key for scope in forgotten) == ["key-1", "key-2"]
-    assert caches["idempotency"].get(cache_key(SCOPE)) is None
+    assert copy_in("idempotency") is None
 
 
 @pytest.mark.usefixtures("redis_tier")
@@ -393,3 +399,38 @@ def test_work_after_commit_waits_for_the_records_transaction() -> None:
         assert ran == []
 
     assert ran == ["after commit"]
+
+
+def test_a_forget_before_the_replays_copy_is_never_undone_by_the_copy(
+    redis_tier: str, served: Callable[[str], HttpResponseBase]
+) -> None:
+    served("key-1").close()
+    clear_own_keys()  # The record only in the database, as after an eviction.
+    replayed = served("key-1")  # Read from the database; its copy waits for the close.
+    assert replayed["Idempotent-Replayed"] == "true"
+
+    # The admin's "delete and forget", between the read and the copy.
+    IdempotencyRecord.objects.all().delete()
+    get_store().forget([SCOPE])
+    replayed.close()
+
+    again = post(Client(), URL)  # A copy written by the close would replay here.
+    assert again.status_code == 201
+    assert "Idempotent-Replayed" not in again  # Fresh: the view ran again.
+    assert Charge.objects.count() == 2
+
+
+@pytest.mark.usefixtures("redis_tier")
+def test_a_forget_leaves_a_tombstone_a_purge_by_the_clock_only_deletes() -> None:
+    store = get_store()
+    post(Client(), URL)
+
+    store.forget([SCOPE])
+    tombstone_ttl = caches["idempotency"].ttl(cache_key(SCOPE))
+    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    # What has expired by now: `_keep` writes no copy of it, so none can be pending.
+    assert store.purge(timezone.now()).expired == 1
+
+    assert copy_in("idempotency") is None
+    assert 0 < tombstone_ttl <= cache_module.TOMBSTONE_SECONDS
+    assert caches["idempotency"].get(cache_key(SCOPE)) is None  # Deleted, no tombstone.

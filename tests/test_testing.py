@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -255,3 +258,17 @@ class MixinTests(IdempotencyAssertionsMixin, TestCase):
 
     def test_takes_another_client(self) -> None:
         self.assertIdempotent("POST", "/viewset/charges/", {"amount": 1}, client=APIClient())
+
+
+def test_the_helpers_import_without_pytest_only_the_store_contract_needs_it() -> None:
+    code = (
+        "import sys, django; django.setup(); import django_idempotency.testing; "
+        "print('pytest' in sys.modules)"
+    )
+    root = Path(__file__).parent.parent
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, check=True
+    )
+
+    assert done.stdout.strip() == "False"

@@ -28,7 +28,9 @@ __all__ = [
     "StoreBusy",
     "StoreUnavailable",
     "after_response",
+    "between_steps",
     "fresh_claim",
+    "interleave",
     "until_sent",
 ]
 

@@ -22,12 +22,21 @@ from django_idempotency.stores.base import (
     PurgeOptions,
     PurgeResult,
     after_response,
+    between_steps,
 )
 
 logger = logging.getLogger("django_idempotency")
 
 # ((fingerprint, method, path), expires_at as a POSIX timestamp, status, reason, headers, body)
 CachedRecord = tuple[tuple[str, str, str], float, int, str, list[tuple[str, str]], bytes]
+
+# What `forget` leaves where a copy was: a copy still pending (read before the forget, written
+# once its response is sent) finds it and writes nothing, instead of bringing the record back.
+FORGOTTEN = "forgotten"
+# A copy is written within this many seconds of the read it copies, or not at all (the next
+# replay copies the record); a tombstone lives twice as long, so it outlives every pending copy.
+COPY_WINDOW = 30.0
+TOMBSTONE_SECONDS = 2 * COPY_WINDOW
 
 
 class CacheTier(BaseStore):
@@ -53,12 +62,13 @@ class CacheTier(BaseStore):
 
     def lookup(self, request: ClaimRequest) -> Claim | None:
         try:
-            cached: CachedRecord | None = self.cache.get(cache_key(request.scope))
+            cached: CachedRecord | str | None = self.cache.get(cache_key(request.scope))
         except Exception as exc:  # Any backend, any failure: the store of record answers.
             _warn_quietly("Idempotency cache unavailable, using the store: %s", exc)
             _announce_lookup(request, hit=False)
             return self.inner.lookup(request)  # No copy either: the cache is down.
-        if cached is None or cached[1] <= request.now.timestamp():
+        # None, a tombstone (FORGOTTEN) or an expired copy: the store of record answers.
+        if not isinstance(cached, tuple) or cached[1] <= request.now.timestamp():
             _announce_lookup(request, hit=False)
             return self._copied(self.inner.lookup(request))
         _announce_lookup(request, hit=True)
@@ -76,8 +86,8 @@ class CacheTier(BaseStore):
         """A replay found in the store but not the cache (evicted, or completed before the
         tier existed) is copied, so the next retry is served from the cache."""
         if claim is not None and claim.outcome is Outcome.REPLAY and claim.response is not None:
-            stored = claim.response
-            after_response(lambda: self._keep(claim, stored))
+            stored, read_at = claim.response, time.monotonic()
+            after_response(lambda: self._keep(claim, stored, read_at))
         return claim
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
@@ -90,7 +100,10 @@ class CacheTier(BaseStore):
     def _copy_once_kept(self, kept: bool, claim: Claim, response: StoredResponse) -> bool:
         if kept:
             # Once committed (a replay then finds it), and past the response: no answer waits.
-            self.inner.after_commit(lambda: after_response(lambda: self._keep(claim, response)))
+            written_at = time.monotonic()
+            self.inner.after_commit(
+                lambda: after_response(lambda: self._keep(claim, response, written_at))
+            )
         return kept
 
     def release(self, claim: Claim) -> bool:
@@ -99,24 +112,39 @@ class CacheTier(BaseStore):
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         forget = options.forget
 
+        # A record expired by the clock has no copy to fear: `_keep` never writes one past
+        # its expiry. Only a purge ahead of the clock needs tombstones, and a purge of millions
+        # of rows is spared that many keys in the cache.
+        tombstones = now.timestamp() > time.time()
+
         def forget_everywhere(scopes: Iterable[Scope]) -> None:
             scopes = list(scopes)
-            self.forget(scopes)
+            self._drop(scopes, tombstones=tombstones)
+            self.inner.forget(scopes)
             if forget is not None:
                 forget(scopes)
 
         return self.inner.purge(now, replace(options, forget=forget_everywhere))
 
     def forget(self, scopes: Iterable[Scope]) -> None:
+        """Drop the copies, leaving a short tombstone in their place that a copy still
+        pending (its record read before the forget) cannot overwrite."""
+        scopes = list(scopes)
+        self._drop(scopes, tombstones=True)
+        self.inner.forget(scopes)
+
+    def _drop(self, scopes: list[Scope], *, tombstones: bool) -> None:
         keys = [cache_key(scope) for scope in scopes]
         if not keys:
             return
         try:
-            self.cache.delete_many(keys)
+            if tombstones:
+                self.cache.set_many(dict.fromkeys(keys, FORGOTTEN), timeout=TOMBSTONE_SECONDS)
+            else:
+                self.cache.delete_many(keys)
         except Exception as exc:
             # The copies still expire with their records; log so an operator can flush.
             logger.warning("Could not drop %d idempotency cache entries: %s", len(keys), exc)
-        self.inner.forget(scopes)
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[bool]:
@@ -129,9 +157,13 @@ class CacheTier(BaseStore):
     def after_commit(self, action: Callable[[], None]) -> None:
         self.inner.after_commit(action)
 
-    def _keep(self, claim: Claim, response: StoredResponse) -> None:
+    def _keep(self, claim: Claim, response: StoredResponse, read_at: float) -> None:
+        """Copy a record read (or written) at `read_at` (monotonic), unless a `forget` came
+        since: `add` writes nothing over its tombstone (or over a copy already there)."""
         if claim.scope is None or claim.fingerprint is None or claim.expires_at is None:
             return
+        if time.monotonic() - read_at > COPY_WINDOW:
+            return  # Its tombstone may be gone: a later replay copies the record instead.
         expires = claim.expires_at.timestamp()
         timeout = expires - datetime.now(tz=claim.expires_at.tzinfo).timestamp()
         if timeout <= 1:
@@ -144,8 +176,9 @@ class CacheTier(BaseStore):
             list(response.headers),
             response.body,
         )
+        between_steps("copy")
         try:
-            self.cache.set(cache_key(claim.scope), value, timeout=int(timeout))
+            self.cache.add(cache_key(claim.scope), value, timeout=int(timeout))
         except Exception as exc:
             _warn_quietly("Could not copy a record to the idempotency cache: %s", exc)
 

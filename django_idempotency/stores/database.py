@@ -34,6 +34,7 @@ from django_idempotency.stores.base import (
     PurgeResult,
     StoreBusy,
     StoreUnavailable,
+    between_steps,
     fresh_claim,
 )
 from django_idempotency.stores.batches import delete_batch
@@ -104,6 +105,7 @@ class DatabaseStore(BaseStore):
             claimed = row.claimed
             # Only take over a record nobody else is claiming right now.
             if not claimed and row.acquired and row.abandoned(request.now):
+                between_steps("take-over")  # Tests run what may happen here (see interleave).
                 taken = self._take_over(row, request, token)
                 if taken is None:
                     # Purged or taken by another retry since the read: answer from what the
@@ -257,8 +259,11 @@ class DatabaseStore(BaseStore):
                 return bool(cursor.rowcount == 1)
 
     def release(self, claim: Claim) -> bool:
+        # Only a claim still in progress: once completed, its token releases nothing (a release
+        # after a completion that seemed to fail would let a retry run the work again).
+        in_progress = self._own(claim).filter(status=Status.IN_PROGRESS.value)
         with _reachable(self.connection):
-            deleted, _ = self._own(claim).delete()
+            deleted, _ = in_progress.delete()
         return deleted == 1
 
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:

@@ -9,6 +9,7 @@ from datetime import datetime
 
 from django_idempotency.core.outcomes import (
     Claim,
+    Outcome,
     Scope,
     Status,
     StoredResponse,
@@ -20,6 +21,7 @@ from django_idempotency.stores.base import (
     PurgeOptions,
     PurgeResult,
     Record,
+    between_steps,
     fresh_claim,
 )
 
@@ -38,19 +40,34 @@ class MemoryStore(BaseStore):
         now = request.now
         with self._lock:
             record = self.records.get(request.scope)
-            if record is not None and not record.abandoned(now):
+            if record is None:
+                return self._claim(request)
+            if not record.abandoned(now):
                 return record.answer(request)
-            token = uuid.uuid4().hex
-            self.records[request.scope] = Record(
-                fingerprint=request.fingerprint,
-                method=request.method,
-                path=request.path,
-                status=Status.IN_PROGRESS.value,
-                lease_token=token,
-                lease_expires_at=request.lease_expires_at,
-                created_at=now,
-                expires_at=request.expires_at,
-            )
+        # The take-over is a step of its own, as on a store other processes share: it happens
+        # only if the record is still the one read (compare and set), whatever came between.
+        between_steps("take-over")
+        with self._lock:
+            current = self.records.get(request.scope)
+            if current is record:
+                return self._claim(request)
+        if current is None or current.abandoned(now):
+            return Claim(Outcome.IN_PROGRESS)  # Released, or taken over and lost again, since.
+        return current.answer(request)
+
+    def _claim(self, request: ClaimRequest) -> Claim:
+        """Write the request's claim over whatever holds the key; lock held."""
+        token = uuid.uuid4().hex
+        self.records[request.scope] = Record(
+            fingerprint=request.fingerprint,
+            method=request.method,
+            path=request.path,
+            status=Status.IN_PROGRESS.value,
+            lease_token=token,
+            lease_expires_at=request.lease_expires_at,
+            created_at=request.now,
+            expires_at=request.expires_at,
+        )
         return fresh_claim(request, token)
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
@@ -70,7 +87,9 @@ class MemoryStore(BaseStore):
     def release(self, claim: Claim) -> bool:
         assert claim.scope is not None
         with self._lock:
-            if self._own(claim) is None:
+            record = self._own(claim)
+            # Once completed, the claim's token releases nothing: the result stays stored.
+            if record is None or record.status != Status.IN_PROGRESS:
                 return False
             del self.records[claim.scope]
         return True

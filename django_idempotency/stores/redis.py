@@ -115,8 +115,10 @@ redis.call('PEXPIRE', KEYS[1], ARGV[7])
 return 1
 """
 
+# A release after the completion (a completion that seemed to fail) leaves the result alone.
 RELEASE = """
-if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
+local held = redis.call('HMGET', KEYS[1], 'lease_token', 'status')
+if held[1] ~= ARGV[1] or held[2] ~= 'in_progress' then return 0 end
 return redis.call('DEL', KEYS[1])
 """
 

@@ -1,0 +1,442 @@
+"""The store contract: the tests every store passes, for a store of one's own to run too."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta
+from typing import ClassVar
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from django_idempotency.conf import conf
+from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
+from django_idempotency.http.problems import RESPONSE_NOT_STORED
+from django_idempotency.http.responses import replay, without_body
+from django_idempotency.stores.base import (
+    BaseStore,
+    ClaimRequest,
+    PurgeOptions,
+    interleave,
+    until_sent,
+)
+
+__all__ = ["StoreContract"]
+
+FINGERPRINT = "a" * 64  # The request that claims a key.
+OTHER_FINGERPRINT = "b" * 64  # Another request with the same key.
+NAMESPACE = "store-contract"
+RESPONSE = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": 1}')
+LATE = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": "late"}')
+MILLISECOND = timedelta(milliseconds=1)  # The finest step every shipped store keeps.
+
+
+class StoreContract:
+    """Subclass it in a test module, implement `make_store`, and pytest runs the contract.
+
+    Each test claims its own fresh key in the namespace "store-contract", decides every moment
+    itself (`now`, whole seconds, and steps of one millisecond), and drives interleavings with
+    `stores.base.interleave`: the store must call `stores.base.between_steps("take-over")` where
+    it takes over an abandoned record (between its read and its write, or before the one
+    statement that does both), and a cache tier `between_steps("copy")` right before it writes a
+    copy. A store kept in Django's database needs `@pytest.mark.django_db(transaction=True)` on
+    the subclass: the interleaved steps commit one by one, as concurrent requests' would.
+    """
+
+    # Tests this store is known to fail, by name, each with the reason: marked as strict
+    # expected failures, so that the day the store is fixed the run says to drop them.
+    expected_failures: ClassVar[Mapping[str, str]] = {}
+
+    def make_store(self) -> BaseStore:
+        """A store to test, empty or at least without the keys the tests make up."""
+        raise NotImplementedError("Implement make_store() to return the store under test.")
+
+    def forget_record(self, store: BaseStore, scope: Scope) -> None:
+        """Delete the record of `scope` and forget its copies, as the admin's "delete and
+        forget" does. A store that cannot delete one record skips the tests that need it."""
+        pytest.skip("forget_record() is not implemented for this store.")
+
+    @pytest.fixture
+    def store(self) -> Iterator[BaseStore]:
+        """The store under test; override this fixture when it needs a set-up and tear-down."""
+        yield self.make_store()
+
+    @pytest.fixture
+    def now(self) -> datetime:
+        """The moment the test starts from: whole seconds, aware unless USE_TZ = False."""
+        return timezone.now().replace(microsecond=0)
+
+    @pytest.fixture
+    def scope(self) -> Scope:
+        return Scope(NAMESPACE, "", uuid.uuid4().hex)
+
+    @pytest.fixture(autouse=True)
+    def _known_defects(self, request: pytest.FixtureRequest) -> None:
+        reason = self.expected_failures.get(request.function.__name__)
+        if reason is not None:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+    # Helpers.
+
+    @staticmethod
+    def request(
+        scope: Scope,
+        now: datetime,
+        *,
+        fingerprint: str = FINGERPRINT,
+        ttl: timedelta = timedelta(hours=1),
+        lease: timedelta | None = timedelta(seconds=60),
+    ) -> ClaimRequest:
+        """A POST with the scope's key at `now`; leased unless `lease` is None (atomic)."""
+        return ClaimRequest(scope, fingerprint, "POST", "/contract/", now, ttl, lease)
+
+    @staticmethod
+    def claim(store: BaseStore, request: ClaimRequest) -> Claim:
+        """As the guard asks: the lookup first, then the claim if the lookup did not decide."""
+        answer = store.lookup(request)
+        return answer if answer is not None else store.begin(request)
+
+    def outcome(self, store: BaseStore, request: ClaimRequest) -> Outcome:
+        return self.claim(store, request).outcome
+
+    def fresh(self, store: BaseStore, request: ClaimRequest) -> Claim:
+        claim = self.claim(store, request)
+        assert claim.outcome is Outcome.FRESH, claim
+        return claim
+
+    def completed(
+        self, store: BaseStore, request: ClaimRequest, response: StoredResponse = RESPONSE
+    ) -> Claim:
+        """Claim the key for `request` and store `response` for it."""
+        claim = self.fresh(store, request)
+        assert store.complete(claim, response, request.now)
+        return claim
+
+    def assert_replays(
+        self, store: BaseStore, request: ClaimRequest, response: StoredResponse
+    ) -> None:
+        answer = self.claim(store, request)
+        assert answer.outcome is Outcome.REPLAY, answer
+        assert answer.response == response
+
+    def abandoned(self, store: BaseStore, scope: Scope, now: datetime) -> Claim:
+        """A claim two hours before `now` whose 60-second lease ran out long ago; the record
+        itself expires an hour after `now`."""
+        two_hours_ago = now - timedelta(hours=2)
+        return self.fresh(store, self.request(scope, two_hours_ago, ttl=timedelta(hours=3)))
+
+    # The claim state machine.
+
+    def test_a_new_key_is_claimed_then_in_progress_then_replayed(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        claim = self.fresh(store, self.request(scope, now))
+        assert claim.lease_token and claim.scope == scope
+
+        assert self.outcome(store, self.request(scope, now + MILLISECOND)) is Outcome.IN_PROGRESS
+        assert store.complete(claim, RESPONSE, now + 2 * MILLISECOND)
+        self.assert_replays(store, self.request(scope, now + 3 * MILLISECOND), RESPONSE)
+
+    def test_another_request_with_the_key_is_a_mismatch_that_never_overwrites(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        claim = self.fresh(store, self.request(scope, now))
+        other = self.request(scope, now + MILLISECOND, fingerprint=OTHER_FINGERPRINT)
+
+        assert self.outcome(store, other) is Outcome.MISMATCH  # While in progress.
+        assert store.complete(claim, RESPONSE, now + MILLISECOND)
+        assert self.outcome(store, other) is Outcome.MISMATCH  # Once completed.
+        self.assert_replays(store, self.request(scope, now + 2 * MILLISECOND), RESPONSE)
+
+    def test_a_released_key_is_fresh_again_and_its_old_claim_acts_no_more(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        released = self.fresh(store, self.request(scope, now))
+        assert store.release(released)
+
+        again = self.fresh(store, self.request(scope, now + MILLISECOND))
+
+        assert again.lease_token != released.lease_token
+        assert not store.release(released)
+        assert not store.complete(released, LATE, now + MILLISECOND)
+        assert store.complete(again, RESPONSE, now + 2 * MILLISECOND)
+        self.assert_replays(store, self.request(scope, now + 3 * MILLISECOND), RESPONSE)
+
+    def test_a_release_after_the_completion_does_nothing(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        # A completion that was applied but seemed to fail is followed by a release: the
+        # stored result must stay, or a retry would run the work a second time.
+        claim = self.completed(store, self.request(scope, now))
+
+        assert not store.release(claim)
+        self.assert_replays(store, self.request(scope, now + MILLISECOND), RESPONSE)
+
+    # Take-overs.
+
+    def test_a_take_over_against_a_late_completion_replays(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        original = self.abandoned(store, scope, now)
+        completed: list[bool] = []
+
+        def original_completes() -> None:
+            # Between the retry's read of the abandoned record and its take-over.
+            if not completed:
+                completed.append(store.complete(original, LATE, now))
+
+        with interleave({"take-over": original_completes}):
+            retry = self.claim(store, self.request(scope, now + MILLISECOND))
+
+        assert completed == [True], "the store never called between_steps('take-over')"
+        assert retry.outcome is Outcome.REPLAY, retry  # Never FRESH: the work ran already.
+        assert retry.response == LATE
+
+    def test_a_late_completion_against_a_take_over_is_refused(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        original = self.abandoned(store, scope, now)
+        retry = self.fresh(store, self.request(scope, now))
+
+        assert not store.complete(original, LATE, now + MILLISECOND)
+        assert not store.release(original)
+        assert self.outcome(store, self.request(scope, now + MILLISECOND)) is Outcome.IN_PROGRESS
+        assert store.complete(retry, RESPONSE, now + 2 * MILLISECOND)
+        self.assert_replays(store, self.request(scope, now + 3 * MILLISECOND), RESPONSE)
+
+    def test_of_two_take_overs_of_one_abandoned_record_exactly_one_wins(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        original = self.abandoned(store, scope, now)
+        other: list[Claim] = []
+        steps: list[str] = []
+
+        def another_retry_takes_over() -> None:
+            steps.append("take-over")
+            if len(steps) == 1:  # Not again when the other retry reaches the step itself.
+                other.append(self.claim(store, self.request(scope, now)))
+
+        with interleave({"take-over": another_retry_takes_over}):
+            retry = self.claim(store, self.request(scope, now))
+
+        assert other, "the store never called between_steps('take-over')"
+        outcomes = sorted(claim.outcome.value for claim in (retry, *other))
+        assert outcomes == [Outcome.FRESH.value, Outcome.IN_PROGRESS.value], outcomes
+        winner = retry if retry.outcome is Outcome.FRESH else other[0]
+        assert not store.complete(original, LATE, now + MILLISECOND)
+        assert store.complete(winner, RESPONSE, now + MILLISECOND)
+        self.assert_replays(store, self.request(scope, now + 2 * MILLISECOND), RESPONSE)
+
+    # Copies kept outside the store of record (the cache tier).
+
+    def test_a_forget_between_a_replays_read_and_its_copy_is_not_undone(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        with until_sent():  # The first response is never sent: its copy is never made.
+            self.completed(store, self.request(scope, now))
+        with until_sent() as sent:
+            read = self.claim(store, self.request(scope, now + MILLISECOND))
+        assert read.outcome is Outcome.REPLAY
+
+        self.forget_record(store, scope)
+        for action in sent:  # The replay's response is sent: what waited for it runs.
+            action()
+
+        self.fresh(store, self.request(scope, now + 2 * MILLISECOND))
+
+    def test_a_forget_at_the_copy_step_is_not_undone(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        with until_sent() as sent:
+            self.completed(store, self.request(scope, now))
+        forgotten: list[bool] = []
+
+        def forget() -> None:
+            if not forgotten:
+                forgotten.append(True)
+                self.forget_record(store, scope)
+
+        with interleave({"copy": forget}):
+            for action in sent:
+                action()
+        forget()  # A store that keeps no copies never reaches the step.
+
+        self.fresh(store, self.request(scope, now + MILLISECOND))
+
+    # Boundaries: `core.outcomes.is_abandoned` is the rule, at exactly `now`.
+
+    def test_a_lease_runs_out_at_exactly_its_expiry(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        start = now - timedelta(minutes=10)
+        claim = self.fresh(store, self.request(scope, start))
+        assert claim.lease_expires_at == start + timedelta(seconds=60)
+        ends = claim.lease_expires_at
+
+        before = self.claim(store, self.request(scope, ends - MILLISECOND))
+        at = self.claim(store, self.request(scope, ends))
+
+        assert before.outcome is Outcome.IN_PROGRESS, before
+        assert at.outcome is Outcome.FRESH, at
+
+    def test_a_record_expires_at_exactly_its_expiry(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        first = self.request(scope, now - timedelta(hours=1), ttl=timedelta(hours=2))
+        self.completed(store, first)
+        expires = first.expires_at
+
+        self.assert_replays(store, self.request(scope, expires - MILLISECOND), RESPONSE)
+        self.fresh(store, self.request(scope, expires))
+
+    def test_a_live_lease_outlives_a_shorter_ttl(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        self.fresh(store, self.request(scope, now, ttl=timedelta(seconds=5)))
+
+        later = self.request(scope, now + timedelta(seconds=10))  # Expired, its lease live.
+        assert self.outcome(store, later) is Outcome.IN_PROGRESS
+
+    def test_a_purge_keeps_every_live_record(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        running = Scope(scope.namespace, scope.owner, scope.key + "-running")
+        self.completed(store, self.request(scope, now))
+        self.fresh(store, self.request(running, now))
+
+        store.purge(now + MILLISECOND, PurgeOptions(namespace=NAMESPACE))
+
+        self.assert_replays(store, self.request(scope, now + MILLISECOND), RESPONSE)
+        assert self.outcome(store, self.request(running, now + MILLISECOND)) is (
+            Outcome.IN_PROGRESS
+        )
+
+    # Clocks.
+
+    def test_a_clock_that_steps_back_neither_takes_over_nor_loses_a_record(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        claim = self.fresh(store, self.request(scope, now))
+        back = now - timedelta(minutes=10)  # Earlier than the claim was made.
+
+        assert self.outcome(store, self.request(scope, back)) is Outcome.IN_PROGRESS
+        other = self.request(scope, back, fingerprint=OTHER_FINGERPRINT)
+        assert self.outcome(store, other) is Outcome.MISMATCH
+        assert store.complete(claim, RESPONSE, back + MILLISECOND)
+        self.assert_replays(store, self.request(scope, back + 2 * MILLISECOND), RESPONSE)
+
+    def test_a_clock_that_folds_decides_by_its_naive_times(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        if settings.USE_TZ:
+            pytest.skip("Naive datetimes are the store's only with USE_TZ = False.")
+        fold = _next_repeated_hour(now, ZoneInfo(settings.TIME_ZONE))
+        if fold is None:
+            pytest.skip(f"TIME_ZONE = {settings.TIME_ZONE!r} repeats no hour.")
+        # Claimed in the first pass of the repeated hour; asked again in the second (fold=1),
+        # later in fact, earlier on the clock: the naive times decide.
+        first = self.request(scope, fold + timedelta(minutes=30), ttl=timedelta(hours=2))
+        claim = self.fresh(store, first)
+
+        def second_pass(minutes: int) -> datetime:
+            return (fold + timedelta(minutes=minutes)).replace(fold=1)
+
+        assert self.outcome(store, self.request(scope, second_pass(10))) is Outcome.IN_PROGRESS
+        other = self.request(scope, second_pass(10), fingerprint=OTHER_FINGERPRINT)
+        assert self.outcome(store, other) is Outcome.MISMATCH
+        assert store.complete(claim, RESPONSE, second_pass(15))
+        self.assert_replays(store, self.request(scope, second_pass(20)), RESPONSE)
+        self.assert_replays(store, self.request(scope, first.expires_at - MILLISECOND), RESPONSE)
+        self.fresh(store, self.request(scope, first.expires_at))
+
+    # What is stored.
+
+    @pytest.mark.parametrize(
+        "response",
+        [
+            StoredResponse(200, [("Content-Type", "application/octet-stream")], bytes(range(256))),
+            StoredResponse(200, [("Content-Type", "text/plain")], b""),
+            StoredResponse(204),
+            StoredResponse(
+                402,
+                [("X-Repeated", "1"), ("Location", "/charges/7"), ("X-Repeated", "2")],
+                bytes(range(255, -1, -1)) * 3,
+                reason="Payment Declined",
+            ),
+        ],
+        ids=["every-byte", "empty", "no-content", "reason-and-repeated-headers"],
+    )
+    def test_a_stored_response_replays_exactly(
+        self, store: BaseStore, scope: Scope, now: datetime, response: StoredResponse
+    ) -> None:
+        self.completed(store, self.request(scope, now), response)
+
+        self.assert_replays(store, self.request(scope, now + MILLISECOND), response)
+
+    def test_a_response_at_the_size_limit_replays_whole(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        limit = conf.MAX_STORED_BYTES
+        if limit is None:
+            pytest.skip("IDEMPOTENCY_MAX_STORED_BYTES = None: no limit to test.")
+        body = (bytes(range(256)) * (limit // 256 + 1))[:limit]
+        response = StoredResponse(201, [("Content-Type", "application/octet-stream")], body)
+
+        self.completed(store, self.request(scope, now), response)
+
+        self.assert_replays(store, self.request(scope, now + MILLISECOND), response)
+
+    def test_a_response_over_the_size_limit_is_kept_without_its_body_and_answered_410(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        limit = conf.MAX_STORED_BYTES
+        if limit is None:
+            pytest.skip("IDEMPOTENCY_MAX_STORED_BYTES = None: no limit to test.")
+        view_answered = StoredResponse(201, [("Location", "/charges/7")], b"x" * (limit + 1))
+        given = without_body(view_answered)  # What the guard gives the store.
+
+        self.completed(store, self.request(scope, now), given)
+
+        answer = self.claim(store, self.request(scope, now + MILLISECOND))
+        assert answer.outcome is Outcome.REPLAY and answer.response == given
+        retried = replay(answer.response)
+        assert retried.status_code == RESPONSE_NOT_STORED.status
+        assert json.loads(retried.content)["type"].endswith(RESPONSE_NOT_STORED.slug)
+        assert retried["Location"] == "/charges/7"
+
+    # Atomic mode, for a store that holds claims in the view's transaction.
+
+    def test_an_atomic_claim_commits_with_its_transaction_or_not_at_all(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        if not store.supports_atomic:
+            pytest.skip("The store has lease mode only (supports_atomic = False).")
+        kept, discarded = scope, Scope(scope.namespace, scope.owner, scope.key + "-discarded")
+
+        with store.atomic() as owns_transaction:
+            claim = self.fresh(store, self.request(kept, now, lease=None))
+            assert store.complete_last(claim, RESPONSE, now)
+        with store.atomic():
+            self.fresh(store, self.request(discarded, now, lease=None))
+            store.discard()
+
+        assert owns_transaction
+        self.assert_replays(store, self.request(kept, now + MILLISECOND), RESPONSE)
+        self.fresh(store, self.request(discarded, now + MILLISECOND))
+
+
+def _next_repeated_hour(after: datetime, zone: ZoneInfo) -> datetime | None:
+    """The naive start of the next hour `zone`'s clocks repeat (the end of summer time)."""
+    hour = after.replace(minute=0, second=0, microsecond=0, tzinfo=None)
+    for _ in range(2 * 366 * 24):
+        hour += timedelta(hours=1)
+        first, second = hour.replace(tzinfo=zone), hour.replace(tzinfo=zone, fold=1)
+        offsets = first.utcoffset(), second.utcoffset()
+        assert offsets[0] is not None and offsets[1] is not None
+        if offsets[0] > offsets[1]:
+            return hour
+    return None
