@@ -225,6 +225,16 @@ def passes_through(get_response: Any) -> Any:
     return middleware
 
 
+class HidesItsNextStep:
+    """A middleware keeping its next step under a name of its own, where nothing can find it."""
+
+    def __init__(self, get_response: Any) -> None:
+        self._next = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        return self._next(request)
+
+
 async def async_function(request: HttpRequest) -> HttpResponse:
     from asgiref.sync import sync_to_async
 
@@ -628,4 +638,19 @@ def test_an_exception_no_middleware_answers_is_still_raised(client: Client) -> N
     with pytest.raises(PaymentRequired):
         post(client, "/django/needs-payment/", key="unpaid-2")
 
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_when_the_handler_cannot_be_found_the_middleware_says_where_to_list_it(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    hidden = [MIDDLEWARE, f"{__name__}.HidesItsNextStep", EXCEPTION_MIDDLEWARE]
+    with (
+        override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, *hidden]),
+        caplog.at_level("WARNING", logger="django_idempotency"),
+        pytest.raises(PaymentRequired),  # As before: nothing answers the view's exception.
+    ):
+        post(client, "/django/needs-payment/", key="unpaid-3")
+
+    assert "List it last in MIDDLEWARE." in caplog.text
     assert not IdempotencyRecord.objects.exists()
