@@ -15,6 +15,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.db import connection
+from django.db.models.signals import pre_delete
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import path, reverse
@@ -694,6 +695,63 @@ def test_outside_a_test_transaction_each_batch_is_forgotten_once_committed(
     assert messages_of(response) == ["Purged 3 idempotency records."]
     assert sorted(scope.key for scope in forgotten) == ["k0", "k1", "k2"]
     assert "ops purged 3 selected idempotency records in the admin" in caplog.messages
+
+
+def _ops_client() -> Client:
+    client = Client(raise_request_exception=False)
+    client.force_login(UserFactory(username="ops", is_staff=True, is_superuser=True))
+    return client
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("atomic_requests")
+@pytest.mark.parametrize(
+    ("action", "make"), [("purge_selected", IdempotencyRecordFactory), ("release_abandoned", stuck)]
+)
+def test_under_atomic_requests_each_batch_still_commits_on_its_own(
+    monkeypatch: pytest.MonkeyPatch, action: str, make: Any
+) -> None:
+    monkeypatch.setattr(admin_actions, "DELETE_BATCH_SIZE", 2)
+    records = [make(key=f"k{n}") for n in range(3)]
+    deleted: list[str] = []
+
+    def fail_in_the_second_batch(sender: Any, instance: IdempotencyRecord, **kwargs: Any) -> None:
+        deleted.append(instance.key)
+        if len(deleted) > 2:
+            raise RuntimeError("the database refused the second batch")
+
+    pre_delete.connect(fail_in_the_second_batch, sender=IdempotencyRecord)
+    try:
+        response = confirm(_ops_client(), action, *records)
+    finally:
+        pre_delete.disconnect(fail_in_the_second_batch, sender=IdempotencyRecord)
+
+    assert response.status_code == 500
+    # The first batch was committed before the second began: it stays purged.
+    assert IdempotencyRecord.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("atomic_requests")
+def test_under_atomic_requests_the_purge_of_expired_records_runs_outside_the_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    between_batches: list[bool] = []
+
+    def forget(self: DatabaseStore, scopes: Iterable[Scope]) -> None:
+        between_batches.append(connection.in_atomic_block)
+
+    monkeypatch.setattr(RecordingStore, "forget", forget)
+    expired(key="old-1")
+    stuck(key="dead")
+
+    response = confirm(_ops_client(), "purge_expired")
+
+    assert messages_of(response) == [
+        "Purged 1 expired record. Purged 1 abandoned in-progress record."
+    ]
+    assert between_batches == [False]  # No transaction left open between batches.
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_purge_selected_counts_one_in_the_singular(admin_client: Client) -> None:

@@ -22,7 +22,7 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import get_store
 from tests.models import Charge
 from tests.stores import hold
-from tests.utils import assert_problem, post
+from tests.utils import assert_problem, post, terminate
 
 URL = "/function/charges/"
 
@@ -287,3 +287,55 @@ def test_a_body_a_middleware_read_away_counts_as_empty(settings: Any, client: Cl
     assert first.status_code == 200
     assert again["Idempotent-Replayed"] == "true"
     assert Charge.objects.count() == 1
+
+
+def writes_then_fails(request: Any) -> str:
+    """An owner resolver that writes (it records the visit), then fails on a live connection."""
+    Charge.objects.create(reference="visit", amount=0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM no_such_table")
+    return "owner"
+
+
+def writes_then_meets_a_dead_connection(request: Any) -> str:
+    """An owner resolver that writes to one database, then reads from another."""
+    Charge.objects.using("records").create(reference="visit", amount=0)
+    return str(Charge.objects.count())
+
+
+@pytest.mark.postgresql
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True, databases=["default", "records"])
+def test_an_owner_resolver_is_not_run_again_for_a_dead_connection_it_did_not_fail_on(
+    client: Client,
+) -> None:
+    records = connections["records"]
+    records.ensure_connection()
+    terminate(records)  # Dead, but the resolver's error comes from the live default one.
+    try:
+        with override_settings(IDEMPOTENCY_OWNER_RESOLVER=f"{__name__}.writes_then_fails"):
+            response = post(client, URL, key="resolver-1")
+    finally:
+        records.close()
+
+    assert_problem(response, 503, "store-unavailable")
+    assert Charge.objects.filter(reference="visit").count() == 1
+
+
+@pytest.mark.postgresql
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True, databases=["default", "records"])
+def test_an_owner_resolver_is_not_run_again_once_one_of_its_statements_went_through(
+    client: Client,
+) -> None:
+    post(client, "/unguarded/charges/", key=None)  # The default connection now exists; kept.
+    terminate(connection)  # As a database restart does; the records database's is new.
+    resolver = f"{__name__}.writes_then_meets_a_dead_connection"
+    try:
+        with override_settings(IDEMPOTENCY_OWNER_RESOLVER=resolver):
+            response = post(client, URL, key="resolver-2")
+    finally:
+        connection.close()
+
+    assert_problem(response, 503, "store-unavailable")
+    assert Charge.objects.using("records").filter(reference="visit").count() == 1

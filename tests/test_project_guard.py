@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,8 +13,9 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
 from django.test.client import AsyncClient
 from django.urls import path
+from django.utils.decorators import method_decorator
 from django.views import View
-from rest_framework import viewsets
+from rest_framework import generics, viewsets
 from rest_framework.decorators import api_view
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -107,6 +109,69 @@ def exempt_above_api_view(request: Request) -> Response:
     return _drf_response(*charge(request))
 
 
+# Views guarded by a decorator inside another guard: the decorator declares options of its own.
+
+PER_ACTION_TTL = timedelta(minutes=7)
+
+
+class DecoratedCreateView(generics.CreateAPIView):
+    """DRF's generic post() calls create(), which carries the per-action options."""
+
+    @idempotent(namespace="per-action", ttl=PER_ACTION_TTL)
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return _drf_response(*charge(request))
+
+
+class MixinDecoratedCreateView(IdempotencyMixin, DecoratedCreateView):
+    pass
+
+
+class MixinDecoratedUpdateView(IdempotencyMixin, generics.UpdateAPIView):
+    """PATCH: DRF's patch() calls partial_update(), which calls update()."""
+
+    @idempotent(namespace="per-action", ttl=PER_ACTION_TTL)
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return _drf_response(*charge(request))
+
+
+class MixinOwnPostView(IdempotencyMixin, DecoratedCreateView):
+    """A post() of the project's own, which may do anything before it calls create()."""
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return self.create(request, *args, **kwargs)  # type: ignore[no-any-return]
+
+
+class DispatchDecoratedView(View):
+    @method_decorator(idempotent(namespace="per-action", ttl=PER_ACTION_TTL))
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return super().dispatch(request, *args, **kwargs)  # type: ignore[no-any-return]
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _django_response(*charge(request))
+
+
+class HelperDecoratedView(View):
+    """A class-based view whose handler calls a decorated method of its own."""
+
+    idempotency_namespace = "class-view"
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return self.charge_once(request)
+
+    @idempotent(namespace="per-action")
+    def charge_once(self, request: HttpRequest) -> HttpResponse:
+        return _django_response(*charge(request))
+
+
+def hides_attributes(view: Any) -> Any:
+    """A project's decorator written without functools.wraps: what the view carries is hidden."""
+
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
 # Plain Django views, for the middleware.
 
 
@@ -122,6 +187,52 @@ def exempt_function(request: HttpRequest) -> HttpResponse:
 @idempotent(namespace="decorated")
 def decorated_function(request: HttpRequest) -> HttpResponse:
     return _django_response(*charge(request))
+
+
+hidden_decorated_function = hides_attributes(decorated_function)
+
+
+class PaymentRequired(Exception):
+    pass
+
+
+def needs_payment(request: HttpRequest) -> HttpResponse:
+    Charge.objects.create(reference="unpaid", amount=1)
+    raise PaymentRequired
+
+
+class PaymentRequiredMiddleware:
+    """A project's exception middleware: a view's PaymentRequired is answered 402."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> Any:
+        if isinstance(exception, PaymentRequired):
+            return HttpResponse("pay first", status=402)
+        return None
+
+
+def passes_through(get_response: Any) -> Any:
+    """A function middleware: nothing names its next step but a closure."""
+
+    def middleware(request: HttpRequest) -> Any:
+        return get_response(request)
+
+    return middleware
+
+
+class HidesItsNextStep:
+    """A middleware keeping its next step under a name of its own, where nothing can find it."""
+
+    def __init__(self, get_response: Any) -> None:
+        self._next = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        return self._next(request)
 
 
 async def async_function(request: HttpRequest) -> HttpResponse:
@@ -158,6 +269,14 @@ urlpatterns = [
     path("django/decorated/", decorated_function),
     path("django/async/", async_function),
     path("django/class/", PlainClassView.as_view()),
+    path("django/dispatch-decorated/", DispatchDecoratedView.as_view()),
+    path("django/helper-decorated/", HelperDecoratedView.as_view()),
+    path("django/hidden-decorated/", hidden_decorated_function),
+    path("django/needs-payment/", needs_payment),
+    path("drf/decorated-create/", DecoratedCreateView.as_view()),
+    path("drf/mixin-decorated-create/", MixinDecoratedCreateView.as_view()),
+    path("drf/mixin-decorated-update/", MixinDecoratedUpdateView.as_view()),
+    path("drf/mixin-own-post/", MixinOwnPostView.as_view()),
     *router.urls,
 ]
 
@@ -371,3 +490,167 @@ def test_served_by_asgi_the_middleware_guards_sync_views_but_not_exempt_ones(
     assert first.status_code == retry.status_code == 201
     assert (retry.get("Idempotent-Replayed") == "true") is (runs == 1)
     assert Charge.objects.count() == runs
+
+
+# One request, guarded once: every combination of decorator, mixin, project-wide guard and
+# middleware. (url, method, the guards turned on, the namespace of the one claim.)
+COMBINATIONS = [
+    # The decorator on the action DRF's generic handler calls: the most specific, it wins.
+    pytest.param(
+        "/drf/mixin-decorated-create/", "post", ["mixin"], "per-action", id="decorator+mixin"
+    ),
+    pytest.param(
+        "/drf/mixin-decorated-update/",
+        "patch",
+        ["mixin"],
+        "per-action",
+        id="decorator+mixin-patch",
+    ),
+    pytest.param(
+        "/drf/decorated-create/",
+        "post",
+        ["guard_all_views"],
+        "per-action",
+        id="decorator+project-wide",
+    ),
+    pytest.param(
+        "/drf/mixin-decorated-create/",
+        "post",
+        ["mixin", "guard_all_views", "middleware"],
+        "per-action",
+        id="decorator+mixin+project-wide+middleware",
+    ),
+    pytest.param(
+        "/django/decorated/", "post", ["middleware"], "decorated", id="middleware+decorator"
+    ),
+    pytest.param(
+        "/django/dispatch-decorated/",
+        "post",
+        ["middleware"],
+        "per-action",
+        id="middleware+decorator-on-dispatch",
+    ),
+    pytest.param("/drf/mixin/", "post", ["mixin", "middleware"], "default", id="middleware+mixin"),
+    pytest.param(
+        "/drf/plain/",
+        "post",
+        ["guard_all_views", "middleware"],
+        "default",
+        id="middleware+project-wide",
+    ),
+    # A decorator the outer guard cannot see (called by the project's own code): the outer one
+    # holds the key, and the decorator passes the request through.
+    pytest.param("/drf/mixin-own-post/", "post", ["mixin"], "default", id="mixin+unseen-decorator"),
+    pytest.param(
+        "/drf/mixin-own-post/",
+        "post",
+        ["mixin", "guard_all_views", "middleware"],
+        "default",
+        id="all+unseen-decorator",
+    ),
+    pytest.param(
+        "/django/helper-decorated/",
+        "post",
+        ["middleware"],
+        "class-view",
+        id="middleware+unseen-decorated-method",
+    ),
+    pytest.param(
+        "/django/hidden-decorated/",
+        "post",
+        ["middleware"],
+        "default",
+        id="middleware+decorator-hidden-by-a-wrapper",
+    ),
+]
+
+
+@pytest.mark.parametrize(("url", "method", "guards", "namespace"), COMBINATIONS)
+def test_one_request_is_guarded_once_whatever_guards_it_meets(
+    request: pytest.FixtureRequest,
+    client: Client,
+    claims: list[str],
+    url: str,
+    method: str,
+    guards: list[str],
+    namespace: str,
+) -> None:
+    for name in guards:
+        if name != "mixin":  # The mixin is among the view's bases.
+            request.getfixturevalue(name)
+
+    assert runs_once(client, url, method)  # 201 once, then the replay; one charge.
+
+    assert claims == [namespace]
+    record = IdempotencyRecord.objects.get()
+    assert record.namespace == namespace
+    if namespace == "per-action":  # The decorator's own options, all of them.
+        assert record.expires_at - record.created_at == PER_ACTION_TTL
+
+
+EXCEPTION_MIDDLEWARE = f"{__name__}.PaymentRequiredMiddleware"
+FUNCTION_MIDDLEWARE = f"{__name__}.passes_through"
+# Where the project's exception middleware stands, against IdempotencyMiddleware.
+ORDERS = {
+    "before": [EXCEPTION_MIDDLEWARE, MIDDLEWARE],
+    "after": [MIDDLEWARE, EXCEPTION_MIDDLEWARE],
+    "after, behind a function middleware": [MIDDLEWARE, FUNCTION_MIDDLEWARE, EXCEPTION_MIDDLEWARE],
+}
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("key", ["unpaid-1", None])
+def test_a_views_exception_reaches_the_projects_exception_middleware(
+    order: str, key: str | None
+) -> None:
+    client = Client()
+    with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, *ORDERS[order]]):
+        first = post(client, "/django/needs-payment/", key=key)
+        retry = post(client, "/django/needs-payment/", key=key)
+
+    assert first.status_code == retry.status_code == 402
+    assert first.content == b"pay first"
+    # The view raised: its key was released, so the retry ran the view again.
+    assert "Idempotent-Replayed" not in retry
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("order", ORDERS)
+def test_served_by_asgi_a_views_exception_reaches_the_projects_exception_middleware(
+    order: str,
+) -> None:
+    client = AsyncClient()
+    with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, *ORDERS[order]]):
+        first = async_to_sync(client.post)(
+            "/django/needs-payment/",
+            {"amount": 10},
+            "application/json",
+            headers={"Idempotency-Key": "unpaid-async"},
+        )
+
+    assert first.status_code == 402
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.usefixtures("middleware")
+def test_an_exception_no_middleware_answers_is_still_raised(client: Client) -> None:
+    with pytest.raises(PaymentRequired):
+        post(client, "/django/needs-payment/", key="unpaid-2")
+
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_when_the_handler_cannot_be_found_the_middleware_says_where_to_list_it(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    hidden = [MIDDLEWARE, f"{__name__}.HidesItsNextStep", EXCEPTION_MIDDLEWARE]
+    with (
+        override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, *hidden]),
+        caplog.at_level("WARNING", logger="django_idempotency"),
+        pytest.raises(PaymentRequired),  # As before: nothing answers the view's exception.
+    ):
+        post(client, "/django/needs-payment/", key="unpaid-3")
+
+    assert "List it last in MIDDLEWARE." in caplog.text
+    assert not IdempotencyRecord.objects.exists()

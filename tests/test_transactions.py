@@ -11,12 +11,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections, transaction
 from django.http import HttpRequest, JsonResponse
 from django.test import Client, override_settings
 from django.urls import path
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from django_idempotency import idempotent
+from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.models import IdempotencyRecord
 from tests.models import Charge
 from tests.utils import post
@@ -75,7 +80,39 @@ def isolation(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"isolation": level}, status=201)
 
 
+def write_then_answer(request: Any) -> int:
+    """Write a charge, then answer the status X-Answer asks for, or raise if it says "raise"."""
+    Charge.objects.create(reference="written", amount=1)
+    answer = request.headers["X-Answer"]
+    if answer == "raise":
+        raise RuntimeError("the view failed after writing")
+    return int(answer)
+
+
+@idempotent
+def decorated_writer(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({}, status=write_then_answer(request))
+
+
+def plain_writer(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({}, status=write_then_answer(request))
+
+
+class MixinWriter(IdempotencyMixin, APIView):
+    def post(self, request: Request) -> Response:
+        return Response({}, status=write_then_answer(request))
+
+
+class PlainAPIWriter(APIView):
+    def post(self, request: Request) -> Response:
+        return Response({}, status=write_then_answer(request))
+
+
 urlpatterns = [
+    path("decorated-writer/", decorated_writer),
+    path("plain-writer/", plain_writer),
+    path("mixin-writer/", MixinWriter.as_view()),
+    path("plain-api-writer/", PlainAPIWriter.as_view()),
     path("hooked/", hooked),
     path("nested/", nested),
     path("rolled-back/", rolled_back),
@@ -134,4 +171,72 @@ def test_a_configured_isolation_level_is_the_one_the_view_runs_in() -> None:
 
     assert response.status_code == 201
     assert json.loads(response.content) == {"isolation": "serializable"}
+    assert _committed_elsewhere() == (1, ["completed"])
+
+
+# Every entry point, as (URL, the settings that turn it on).
+ENTRY_POINTS = {
+    "decorator": ("/decorated-writer/", {}),
+    "mixin": ("/mixin-writer/", {}),
+    "project-wide guard": ("/plain-api-writer/", {"IDEMPOTENCY_GUARD_ALL_VIEWS": True}),
+    "middleware": (
+        "/plain-writer/",
+        {
+            "MIDDLEWARE": [
+                *settings.MIDDLEWARE,
+                "django_idempotency.middleware.IdempotencyMiddleware",
+            ]
+        },
+    ),
+}
+
+
+def _kept_after(entry: str, answer: str, *, enabled: bool) -> tuple[int, tuple[int, list[str]]]:
+    """The status of one keyed request answering `answer`, and what is committed after it;
+    with `enabled` False, as the project would see it without this package."""
+    url, entry_settings = ENTRY_POINTS[entry]
+    Charge.objects.all().delete()
+    with override_settings(**entry_settings, IDEMPOTENCY_ENABLED=enabled):
+        client = Client(raise_request_exception=False)
+        response = post(
+            client, url, key=f"{entry}-{answer}".replace(" ", "-"), **{"X-Answer": answer}
+        )
+    return response.status_code, _committed_elsewhere()
+
+
+@pytest.mark.usefixtures("atomic_requests")
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("status", ["400", "404", "422"])
+def test_under_atomic_requests_a_released_answer_keeps_the_writes_django_would_keep(
+    entry: str, status: str
+) -> None:
+    without_the_package = _kept_after(entry, status, enabled=False)
+    guarded = _kept_after(entry, status, enabled=True)
+
+    # Django commits ATOMIC_REQUESTS for a returned response: the charge stays, the key does not.
+    assert guarded == without_the_package == (int(status), (1, []))
+
+
+@pytest.mark.usefixtures("atomic_requests")
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_under_atomic_requests_a_view_that_raises_keeps_neither_its_writes_nor_the_claim(
+    entry: str,
+) -> None:
+    without_the_package = _kept_after(entry, "raise", enabled=False)
+    guarded = _kept_after(entry, "raise", enabled=True)
+
+    assert guarded == without_the_package == (500, (0, []))
+
+
+@pytest.mark.usefixtures("atomic_requests")
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_under_atomic_requests_a_stored_answer_commits_with_the_views_writes(entry: str) -> None:
+    client = Client()
+    url, entry_settings = ENTRY_POINTS[entry]
+    with override_settings(**entry_settings):
+        first = post(client, url, key="stored", **{"X-Answer": "201"})
+        retry = post(client, url, key="stored", **{"X-Answer": "201"})
+
+    assert first.status_code == retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
     assert _committed_elsewhere() == (1, ["completed"])

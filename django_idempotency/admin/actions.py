@@ -7,11 +7,11 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, router, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -23,6 +23,7 @@ from django_idempotency.core.outcomes import Scope
 from django_idempotency.models import IdempotencyRecord, abandoned
 from django_idempotency.purge import purge_expired_records
 from django_idempotency.stores import StoreUnavailable, get_store
+from django_idempotency.stores.database import records_alias
 
 if TYPE_CHECKING:
     RecordAdminBase = admin.ModelAdmin[IdempotencyRecord]
@@ -39,6 +40,7 @@ _UNREACHABLE = (StoreUnavailable, OperationalError, InterfaceError)
 # What a confirmation page asks: the question, a sample of the keys concerned, how many.
 Question = tuple[str, list[str], int]
 _Action = Callable[["RecordActions", HttpRequest, QuerySet[IdempotencyRecord]], HttpResponse | None]
+_View = TypeVar("_View", bound=Callable[..., HttpResponse])
 
 
 def reports_a_lost_database(stopped: Callable[[], str]) -> Callable[[_Action], _Action]:
@@ -83,6 +85,26 @@ def _release_stopped() -> str:
         "The release stopped: the database holding idempotency records cannot be reached "
         "(%(error)s). Try again when it is back; records already released stay released."
     )
+
+
+class _AndTheRecordsDatabase(set[str]):
+    """The databases ATOMIC_REQUESTS leaves out of a view (Django's ``_non_atomic_requests``),
+    the records' always among them, whichever it is when the request comes (IDEMPOTENCY_DATABASE,
+    or the router's choice): a purge there commits each batch on its own, as documented, rather
+    than hold every deleted row locked until the request's one commit."""
+
+    def __contains__(self, alias: object) -> bool:
+        records = (records_alias(), router.db_for_read(IdempotencyRecord))
+        return super().__contains__(alias) or alias in records
+
+
+def purges_outside_the_requests_transaction(view: _View) -> _View:
+    """Leave the records' database out of ATOMIC_REQUESTS for the admin view whose actions
+    purge, as Django's `transaction.non_atomic_requests` would for a database known in advance."""
+    view._non_atomic_requests = _AndTheRecordsDatabase(  # type: ignore[attr-defined]
+        getattr(view, "_non_atomic_requests", ())
+    )
+    return view
 
 
 class RecordActions(RecordAdminBase):

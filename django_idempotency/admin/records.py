@@ -18,7 +18,12 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency.admin.actions import RecordActions, _forget_on_commit, delete_and_forget
+from django_idempotency.admin.actions import (
+    RecordActions,
+    _forget_on_commit,
+    delete_and_forget,
+    purges_outside_the_requests_transaction,
+)
 from django_idempotency.admin.bodies import _content_type, _header_pairs, render_body
 from django_idempotency.admin.changelist import (
     EstimatedCountPaginator,
@@ -134,6 +139,7 @@ class IdempotencyRecordAdmin(RecordActions):
         actions.pop("delete_selected", None)
         return actions
 
+    @purges_outside_the_requests_transaction  # The actions run from this view.
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:

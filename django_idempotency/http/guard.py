@@ -229,6 +229,21 @@ def _store_lost(guard: Guard) -> bool:
     return True
 
 
+# Set on the HttpRequest by the first guard that meets it.
+_GUARDED = "_idempotency_guarded"
+
+
+def _first_guard(request: Any) -> bool:
+    """Mark the request as guarded; False if it already was. One request is guarded once: the
+    guard that meets it first holds its key, and any guard inside it (a decorated method a
+    guarded handler calls) passes it through, rather than find its own key in progress."""
+    http_request = django_request(request)
+    if getattr(http_request, _GUARDED, False):
+        return False
+    setattr(http_request, _GUARDED, True)
+    return True
+
+
 def run(
     call: Callable[[], HttpResponseBase],
     request: Any,
@@ -236,8 +251,8 @@ def run(
     view: Any = None,
     finalize: Finalize | None = None,
 ) -> HttpResponseBase:
-    """Guard a synchronous view call."""
-    if not conf.ENABLED:
+    """Guard a synchronous view call; one another guard already holds runs as it is."""
+    if not conf.ENABLED or not _first_guard(request):
         return call()
     with until_sent() as pending:
         response = _run(call, request, options, view, finalize)
@@ -279,7 +294,7 @@ async def run_async(
     have done its work, so it is shielded: it runs on and stores its response, and the retry
     gets 409 and then the replay, as it would from a synchronous view.
     """
-    if not conf.ENABLED:
+    if not conf.ENABLED or not _first_guard(request):
         return await call()
     with until_sent() as pending:
         response = await _run_async(call, request, options, view)

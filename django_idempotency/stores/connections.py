@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
 
@@ -12,28 +13,62 @@ T = TypeVar("T")
 
 
 def on_a_live_connection(action: Callable[[], T]) -> T:
-    """Run `action`, the request's first statements, which change nothing; if a database error
-    came from a dead connection kept open by CONN_MAX_AGE (the database restarted), replace it
-    and run `action` once more, so that a database that is back answers instead of an error."""
+    """Run `action`, among a request's first statements; if its first statement failed on a
+    dead connection kept open by CONN_MAX_AGE (the database restarted), replace that connection
+    and run `action` once more, so that a database that is back answers instead of an error.
+
+    Only then: a statement sent down a dead connection reached no database, and nothing went
+    through before it, so running `action` again repeats none of its database work (a project's
+    owner resolver or DRF authenticator may write). An error from a live connection, a dead
+    connection met after a statement that went through, or one inside a transaction (lost with
+    it), is raised as it is.
+    """
+    statements = _Statements()
     try:
-        return action()
+        with statements.watched():
+            return action()
     except DatabaseError:
-        if not _replace_dead_connections():
+        if not statements.first_failed_on_a_dead_connection():
             raise
     return action()
 
 
-def _replace_dead_connections() -> bool:
-    """Close the open connections that no longer answer; True if there was one.
+class _Statements:
+    """What happened to the statements sent while watched: whether any went through, and the
+    database alias of the first that failed."""
 
-    A connection inside a transaction is left alone: the transaction is lost with it anyway.
-    """
-    replaced = False
-    for connection in connections.all(initialized_only=True):
+    def __init__(self) -> None:
+        self.went_through = False
+        self.failed_on: str | None = None
+
+    @contextlib.contextmanager
+    def watched(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for connection in connections.all():
+                watch = partial(self._watch, connection.alias)
+                stack.enter_context(connection.execute_wrapper(watch))
+            yield
+
+    def _watch(self, alias: str, execute: Callable[..., Any], *args: Any) -> Any:
+        try:
+            result = execute(*args)
+        except DatabaseError:
+            if self.failed_on is None:
+                self.failed_on = alias
+            raise
+        self.went_through = True
+        return result
+
+    def first_failed_on_a_dead_connection(self) -> bool:
+        """Whether nothing went through and the first statement's connection no longer answers;
+        if so it is closed, and the next statement opens a new one."""
+        if self.went_through or self.failed_on is None:
+            return False
+        connection = connections[self.failed_on]
         if connection.connection is None or connection.in_atomic_block:
-            continue
-        if not connection.is_usable():
-            with contextlib.suppress(DatabaseError):
-                connection.close()
-            replaced = True
-    return replaced
+            return False
+        if connection.is_usable():
+            return False
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+        return True

@@ -17,6 +17,16 @@ from django_idempotency.stores.connections import on_a_live_connection
 # The mixin's handlers take every option from the view's attributes and the settings.
 _INHERITED = Options()
 
+# DRF's own handlers that do nothing but call another method of the view, by (module, name):
+# CreateAPIView.post() calls create(), partial_update() calls update(), and so on.
+_DELEGATES = {
+    ("rest_framework.generics", "post"): "create",
+    ("rest_framework.generics", "put"): "update",
+    ("rest_framework.generics", "patch"): "partial_update",
+    ("rest_framework.generics", "delete"): "destroy",
+    ("rest_framework.mixins", "partial_update"): "update",
+}
+
 
 class IdempotencyMixin:
     """Put before the DRF base class: ``class PaymentViewSet(IdempotencyMixin, ModelViewSet)``.
@@ -68,11 +78,28 @@ class IdempotencyMixin:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
         name = request.method.lower()
         handler = getattr(self, name, None) if name in self.http_method_names else None  # type: ignore[attr-defined]
-        if handler is None or hasattr(handler, "idempotency_options"):
-            return  # Unmapped (DRF answers 405) or guarded by its own decorator.
+        if handler is None or declares_its_guard(self, handler):
+            return  # Unmapped (DRF answers 405), or a decorator guards it: the more specific.
         route = getattr(request._request.resolver_match, "func", None)
         if is_exempt(self, handler, route):
             return
         if request.method in self.get_idempotent_methods():
             # Shadow the handler on this instance only; dispatch() looks it up right after.
             setattr(self, name, guarded(handler, _INHERITED))
+
+
+def declares_its_guard(view: Any, handler: Any) -> bool:
+    """Whether `handler`, or the action a DRF generic handler merely calls (``create()`` for
+    ``post()``), is decorated with `@idempotent`: that decorator then guards the request with its
+    own options, and a guard around it (the mixin, the project-wide guard) stays out of its way.
+    """
+    seen = 0
+    while handler is not None and seen < len(_DELEGATES):
+        if hasattr(handler, "idempotency_options"):
+            return True
+        function = getattr(handler, "__func__", handler)
+        name = (getattr(function, "__module__", ""), getattr(function, "__name__", ""))
+        action = _DELEGATES.get(name)
+        handler = getattr(view, action, None) if action else None
+        seen += 1
+    return False
