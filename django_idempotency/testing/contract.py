@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.conf import settings
+from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency.conf import conf
@@ -332,11 +333,18 @@ class StoreContract:
     def test_a_clock_that_folds_decides_by_its_naive_times(
         self, store: BaseStore, scope: Scope, now: datetime
     ) -> None:
-        if settings.USE_TZ:
-            pytest.skip("Naive datetimes are the store's only with USE_TZ = False.")
-        fold = _next_repeated_hour(now, ZoneInfo(settings.TIME_ZONE))
-        if fold is None:
-            pytest.skip(f"TIME_ZONE = {settings.TIME_ZONE!r} repeats no hour.")
+        # Naive times are a store's only with USE_TZ = False: the test runs that way, in a time
+        # zone that repeats an hour, whatever the project's settings.
+        zone = (
+            settings.TIME_ZONE if _next_repeated_hour(now, ZoneInfo(settings.TIME_ZONE)) else None
+        )
+        with override_settings(USE_TZ=False, TIME_ZONE=zone or "Europe/Paris"):
+            naive_now = timezone.make_naive(now) if timezone.is_aware(now) else now
+            fold = _next_repeated_hour(naive_now, ZoneInfo(settings.TIME_ZONE))
+            assert fold is not None
+            self._fold(store, scope, fold)
+
+    def _fold(self, store: BaseStore, scope: Scope, fold: datetime) -> None:
         # Claimed in the first pass of the repeated hour; asked again in the second (fold=1),
         # later in fact, earlier on the clock: the naive times decide.
         first = self.request(scope, fold + timedelta(minutes=30), ttl=timedelta(hours=2))
@@ -414,7 +422,11 @@ class StoreContract:
         self, store: BaseStore, scope: Scope, now: datetime
     ) -> None:
         if not store.supports_atomic:
-            pytest.skip("The store has lease mode only (supports_atomic = False).")
+            # Lease mode only: the guard then holds no transaction for the claim, so the store
+            # must open none of its own.
+            with store.atomic() as owns_transaction:
+                assert not owns_transaction
+            return
         kept, discarded = scope, Scope(scope.namespace, scope.owner, scope.key + "-discarded")
 
         with store.atomic() as owns_transaction:
