@@ -71,9 +71,9 @@ DATABASES["records"]["NAME"] = (
 if os.environ.get("PG_REPLICA_URL") and DATABASES["default"]["ENGINE"].endswith("postgresql"):
     _replica_server = dj_database_url.parse(os.environ["PG_REPLICA_URL"])
     DATABASES["replica"] = copy.deepcopy(DATABASES["default"])
-    DATABASES["replica"].update(
-        HOST=_replica_server["HOST"], PORT=_replica_server["PORT"], TEST={"MIRROR": "default"}
-    )
+    DATABASES["replica"]["HOST"] = _replica_server["HOST"]
+    DATABASES["replica"]["PORT"] = _replica_server["PORT"]
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
 # SQLite's test database is a file, not memory (connections can then be closed, reopened and
 # shared across threads), named per process when the test database is set up: see
 # django_db_modify_db_settings in tests/conftest.py.

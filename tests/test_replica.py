@@ -117,14 +117,14 @@ class Replica:
         self.apply_delay(LAG)
         with connections["default"].cursor() as cursor:
             cursor.execute("SELECT txid_current()")  # A transaction that commits, and no data.
-        self._wait_until(
-            lambda: self._one(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE backend_type = 'startup' AND wait_event = 'RecoveryApplyDelay'"
-            )[0]
-            == 1,
-            f"hold back a commit for {LAG}",
+        self._wait_until(self._holding_back_a_commit, f"hold back a commit for {LAG}")
+
+    def _holding_back_a_commit(self) -> bool:
+        (waiting,) = self._one(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE backend_type = 'startup' AND wait_event = 'RecoveryApplyDelay'"
         )
+        return bool(waiting)
 
     def _wait_until(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + CATCH_UP_TIMEOUT
@@ -208,6 +208,8 @@ def test_a_duplicate_while_the_first_request_runs_gets_409_while_the_replica_lag
             assert running.wait(10)  # Claimed (committed, in lease mode), the view not yet run.
             with CaptureQueriesContext(connections["replica"]) as on_the_replica:
                 duplicate = post(Client(), URL)
+            # Read now: the next request through the test client empties the query log.
+            sent_to_the_replica = on_the_replica.captured_queries
             finish.set()
             first_request.join(10)
             retry = post(Client(), URL)
@@ -217,7 +219,7 @@ def test_a_duplicate_while_the_first_request_runs_gets_409_while_the_replica_lag
 
     assert duplicate.status_code == 409
     assert duplicate["Content-Type"] == "application/problem+json"
-    assert on_the_replica.captured_queries == []
+    assert sent_to_the_replica == []
     assert first[0].status_code == 201
     assert not seen_by_the_router("key-1")  # Still lagging behind the first request's commit.
     assert retry["Idempotent-Replayed"] == "true"
@@ -241,4 +243,3 @@ def test_the_admins_purge_selects_and_deletes_on_the_primary_while_the_replica_l
     assert not IdempotencyRecord.objects.using("default").exists()
     # Done while the replica still shows every record: no batch waited for it to catch up.
     assert IdempotencyRecord.objects.using("replica").count() == 3
-
