@@ -61,8 +61,8 @@ stop_postgres() {
 # --auth=trust already allows loopback replication connections, and PostgreSQL's defaults
 # (wal_level=replica, max_wal_senders=10) serve it without a restart. A copy left by an earlier run
 # is taken again (it may have fallen behind past the WAL the primary kept). The tests make it lag
-# themselves (recovery_min_apply_delay, set with ALTER SYSTEM on the replica);
-# PG_REPLICA_APPLY_DELAY (e.g. 2s) starts it lagging.
+# themselves (recovery_min_apply_delay, set with ALTER SYSTEM on the replica, then reset);
+# PG_REPLICA_APPLY_DELAY (e.g. 2s), written to its postgresql.conf, starts it lagging.
 start_pg_replica() {
   command -v pg_basebackup >/dev/null || { echo "pg_basebackup not found on PATH: install PostgreSQL" >&2; return 1; }
   mkdir -p "$SERVICES_DIR"
@@ -74,7 +74,7 @@ start_pg_replica() {
       -D '$PG_REPLICA_DATA' -R -X stream -c fast >'$SERVICES_DIR/pg_basebackup.log' 2>&1" \
       || { echo "pg_basebackup failed: see $SERVICES_DIR/pg_basebackup.log" >&2; return 1; }
     if [ -n "${PG_REPLICA_APPLY_DELAY:-}" ]; then
-      _as_pg_user "echo \"recovery_min_apply_delay = '$PG_REPLICA_APPLY_DELAY'\" >>'$PG_REPLICA_DATA/postgresql.auto.conf'"
+      _as_pg_user "echo \"recovery_min_apply_delay = '$PG_REPLICA_APPLY_DELAY'\" >>'$PG_REPLICA_DATA/postgresql.conf'"
     fi
     # Its own port and socket folder; the primary's flags (fsync=off...) are not carried over.
     _as_pg_user "pg_ctl -D '$PG_REPLICA_DATA' -l '$SERVICES_DIR/postgres-replica.log' -w -t 60 start \
