@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Start (or stop) the throw-away PostgreSQL, MariaDB and Redis the test suite runs against, on
-# loopback. Usage: source scripts/services.sh; start_postgres; start_mariadb; start_redis; ...;
-# stop_redis; stop_mariadb; stop_postgres
+# loopback. Usage: source scripts/services.sh; start_postgres; start_pg_replica; start_mariadb;
+# start_redis; ...; stop_redis; stop_mariadb; stop_pg_replica; stop_postgres
 set -euo pipefail
 
 SERVICES_DIR="${SERVICES_DIR:-$(pwd)/.services}"
 PG_PORT="${PG_PORT:-54329}"
 PG_DATA="$SERVICES_DIR/postgres"
+PG_REPLICA_PORT="${PG_REPLICA_PORT:-54330}"
+PG_REPLICA_DATA="$SERVICES_DIR/postgres-replica"
 MARIADB_PORT="${MARIADB_PORT:-33069}"
 MARIADB_DIR="$SERVICES_DIR/mariadb"
 REDIS_PORT="${REDIS_PORT:-63799}"
@@ -50,6 +52,45 @@ start_postgres() {
 stop_postgres() {
   if [ "${PG_STARTED_HERE:-0}" = "1" ]; then
     _as_pg_user "pg_ctl -D '$PG_DATA' -m fast -w stop" >/dev/null 2>&1 || true
+  fi
+}
+
+# A streaming replica of the PostgreSQL on PG_PORT, for the tests of reads sent to a replica
+# (tests/test_replica.py): a base backup taken with pg_basebackup -R (which writes the
+# primary_conninfo and standby.signal), started as a hot standby. A primary made by initdb with
+# --auth=trust already allows loopback replication connections, and PostgreSQL's defaults
+# (wal_level=replica, max_wal_senders=10) serve it without a restart. A copy left by an earlier run
+# is taken again (it may have fallen behind past the WAL the primary kept). The tests make it lag
+# themselves (recovery_min_apply_delay, set with ALTER SYSTEM on the replica, then reset);
+# PG_REPLICA_APPLY_DELAY (e.g. 2s), written to its postgresql.conf, starts it lagging.
+start_pg_replica() {
+  command -v pg_basebackup >/dev/null || { echo "pg_basebackup not found on PATH: install PostgreSQL" >&2; return 1; }
+  mkdir -p "$SERVICES_DIR"
+  if [ "$(id -u)" = "0" ]; then chown postgres "$SERVICES_DIR"; chmod 755 "$SERVICES_DIR"; fi
+  PG_REPLICA_STARTED_HERE=0
+  if ! _as_pg_user "pg_ctl -D '$PG_REPLICA_DATA' status" >/dev/null 2>&1; then
+    PG_REPLICA_STARTED_HERE=1
+    _as_pg_user "rm -rf '$PG_REPLICA_DATA' && pg_basebackup -h 127.0.0.1 -p $PG_PORT -U postgres \
+      -D '$PG_REPLICA_DATA' -R -X stream -c fast >'$SERVICES_DIR/pg_basebackup.log' 2>&1" \
+      || { echo "pg_basebackup failed: see $SERVICES_DIR/pg_basebackup.log" >&2; return 1; }
+    if [ -n "${PG_REPLICA_APPLY_DELAY:-}" ]; then
+      _as_pg_user "echo \"recovery_min_apply_delay = '$PG_REPLICA_APPLY_DELAY'\" >>'$PG_REPLICA_DATA/postgresql.conf'"
+    fi
+    # Its own port and socket folder; the primary's flags (fsync=off...) are not carried over.
+    _as_pg_user "pg_ctl -D '$PG_REPLICA_DATA' -l '$SERVICES_DIR/postgres-replica.log' -w -t 60 start \
+      -o \"-c listen_addresses=127.0.0.1 -c port=$PG_REPLICA_PORT \
+          -c unix_socket_directories='$PG_REPLICA_DATA' -c max_connections=300 \
+          -c hot_standby=on -c fsync=off\"" >/dev/null \
+      || { echo "The replica did not start: see $SERVICES_DIR/postgres-replica.log" >&2; return 1; }
+  fi
+  export PG_REPLICA_URL="postgres://postgres@127.0.0.1:$PG_REPLICA_PORT"
+  echo "PostgreSQL replica ready on 127.0.0.1:$PG_REPLICA_PORT"
+}
+
+# Stops the replica only if start_pg_replica started it.
+stop_pg_replica() {
+  if [ "${PG_REPLICA_STARTED_HERE:-0}" = "1" ]; then
+    _as_pg_user "pg_ctl -D '$PG_REPLICA_DATA' -m fast -w stop" >/dev/null 2>&1 || true
   fi
 }
 

@@ -39,7 +39,21 @@ def database_under_test() -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     database = database_under_test()
 
+    from django.conf import settings
+
+    # Tests that read from a streaming replica run only where there is one (PG_REPLICA_URL on
+    # PostgreSQL); tox's replica env, which exists for them, sets PG_REPLICA_REQUIRED.
+    without_replica = "replica" not in settings.DATABASES
+    if without_replica and os.environ.get("PG_REPLICA_REQUIRED") == "1":
+        raise pytest.UsageError(
+            "PG_REPLICA_REQUIRED=1 but there is no replica to test: set PG_REPLICA_URL to a "
+            "streaming replica of the PostgreSQL in DATABASE_URL (scripts/services.sh: "
+            "start_pg_replica)."
+        )
+
     def elsewhere(item: pytest.Item) -> bool:
+        if without_replica and item.get_closest_marker("replica"):
+            return True
         named = [name for name in DATABASE_MARKERS if item.get_closest_marker(name)]
         return bool(named) and database not in named
 

@@ -64,6 +64,16 @@ DATABASES["records"]["NAME"] = (
     if DATABASES["default"]["ENGINE"].endswith("sqlite3")
     else f"{DATABASES['default']['NAME']}_records"
 )
+# A streaming replica of the default PostgreSQL (PG_REPLICA_URL, which scripts/services.sh sets),
+# for the tests of reads a router sends to a replica (tests/test_replica.py). Its test database
+# is the default's, arriving by replication: as a test MIRROR the test runner neither creates nor
+# flushes it, and points it at the default's test database NAME, on the replica's server.
+if os.environ.get("PG_REPLICA_URL") and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    _replica_server = dj_database_url.parse(os.environ["PG_REPLICA_URL"])
+    DATABASES["replica"] = copy.deepcopy(DATABASES["default"])
+    DATABASES["replica"]["HOST"] = _replica_server["HOST"]
+    DATABASES["replica"]["PORT"] = _replica_server["PORT"]
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
 # SQLite's test database is a file, not memory (connections can then be closed, reopened and
 # shared across threads), named per process when the test database is set up: see
 # django_db_modify_db_settings in tests/conftest.py.

@@ -282,7 +282,7 @@ def delete_and_forget(records: QuerySet[Any], batch_size: int | None = None) -> 
     """
     batch_size = batch_size or DELETE_BATCH_SIZE
     deleted = 0
-    records = records.order_by()
+    records = _where_written(records.order_by())
     while True:
         with transaction.atomic(using=records.db):
             batch = list(records.values_list("pk", "namespace", "owner", "key")[:batch_size])
@@ -293,6 +293,19 @@ def delete_and_forget(records: QuerySet[Any], batch_size: int | None = None) -> 
         deleted += count
         if len(batch) < batch_size:
             return deleted
+
+
+def _where_written(records: QuerySet[Any]) -> QuerySet[Any]:
+    """`records` on the database the router writes them to, when it reads them elsewhere.
+
+    The admin lists the records where the router reads them, maybe a replica; a batch read there
+    would still hold the rows the previous batch deleted on the primary until the replica has
+    applied that commit, and the loop would send the same deletes again until then.
+    """
+    model = records.model
+    if records.db != router.db_for_read(model):
+        return records  # A database the caller chose (`using()`), or no routing at all.
+    return records.using(router.db_for_write(model))
 
 
 def _forget_on_commit(scopes: list[Scope], using: str | None) -> None:

@@ -346,7 +346,12 @@ class DatabaseStore(BaseStore):
 
 
 def records_alias() -> str:
-    """The database alias of the records: IDEMPOTENCY_DATABASE, or the router's choice."""
+    """The database alias of the records: IDEMPOTENCY_DATABASE, or the router's choice.
+
+    The router's choice for writing, for the store's reads too: each read decides (a replay, a
+    conflict, a new key), and a replica the router may send reads to can lag behind the primary,
+    answering "no record" for a key whose first request has just committed there.
+    """
     return conf.DATABASE or router.db_for_write(IdempotencyRecord)
 
 
