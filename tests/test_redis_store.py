@@ -34,7 +34,7 @@ from tests.stores import (
     the_record,
     using_store,
 )
-from tests.utils import ViewKind, assert_problem, fingerprint_of, post
+from tests.utils import REDIS_CLUSTER_URL, ViewKind, assert_problem, fingerprint_of, post
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -66,7 +66,7 @@ def test_each_record_is_one_hash_whose_key_hash_tags_the_scope(redis_store: Redi
     connection = redis_store.connection()
     [key] = redis_keys(redis_store)
     digest = hashlib.sha256(b"default\x00\x00key-1").hexdigest()
-    assert re.fullmatch(rf"tests-\d+:1:django_idempotency:1:\{{{digest}\}}", key.decode())
+    assert re.fullmatch(rf"tests-\d+(-db\d)?:1:django_idempotency:1:\{{{digest}\}}", key.decode())
     fields = {name.decode() for name in connection.hgetall(key)}
     assert fields == {
         *("namespace", "owner", "key", "fingerprint", "method", "path", "status"),
@@ -202,6 +202,9 @@ def test_a_take_over_lost_to_a_rival_retry_is_in_progress(redis_store: RedisStor
     assert the_record().status == "in_progress"  # The rival's claim, running.
 
 
+@pytest.mark.skipif(
+    bool(REDIS_CLUSTER_URL), reason="a cluster's replicas are its own, not django-redis LOCATIONs"
+)
 def test_with_a_replica_configured_records_are_written_and_read_on_the_primary() -> None:
     # django-redis sends reads to a replica (every LOCATION after the first) unless asked for
     # the primary: a claim read from a lagging replica would miss the rival's claim. Database 4
@@ -343,8 +346,17 @@ def test_use_tz_false_a_retry_in_the_repeated_hour_is_replayed(
 @contextlib.contextmanager
 def maxmemory_policy(policy: str) -> Iterator[None]:
     """The test Redis with `policy` for the block, then its own again. Its maxmemory is 0 (no
-    limit), so nothing is evicted meanwhile, whatever the policy."""
-    server = redis.Redis.from_url(REDIS_URL)
+    limit), so nothing is evicted meanwhile, whatever the policy.
+
+    On a Redis Cluster, the last of its primaries alone: one that evicts is one too many, and
+    it is not the node a client asks what it asks no node in particular."""
+    if REDIS_CLUSTER_URL:
+        cluster = redis.RedisCluster.from_url(REDIS_CLUSTER_URL)
+        primary = max(cluster.get_primaries(), key=lambda node: node.port)
+        server = redis.Redis(host=primary.host, port=primary.port)
+        cluster.close()
+    else:
+        server = redis.Redis.from_url(REDIS_URL)
     original = server.config_get("maxmemory-policy")["maxmemory-policy"]
     server.config_set("maxmemory-policy", policy)
     try:
@@ -423,6 +435,7 @@ def redis_refusing_config() -> Iterator[str]:
         server.wait(timeout=10)
 
 
+@pytest.mark.skipif(bool(REDIS_CLUSTER_URL), reason="a Redis of the test's own, not a cluster")
 def test_a_redis_that_refuses_config_is_used_and_said_so_at_debug_level(
     redis_refusing_config: str, caplog: pytest.LogCaptureFixture
 ) -> None:
