@@ -487,3 +487,82 @@ def test_caches_apart_by_version_or_key_function_keep_their_records_apart(
     assert (a.outcome, b.outcome) == (Outcome.FRESH, Outcome.FRESH)
     assert key_a != key_b
     assert re.fullmatch(r"\{[0-9a-f]{64}\}", key_b[key_b.index("{") :])
+
+
+# More replicas than the test Redis has: none on one Redis, one per primary on the cluster.
+TOO_MANY_REPLICAS = 2 if REDIS_CLUSTER_URL else 1
+SHORT_WAIT = 0.05
+
+
+def test_a_claim_too_few_replicas_acknowledged_is_503_given_back_and_the_view_does_not_run(
+    redis_store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        override_settings(
+            IDEMPOTENCY_REDIS_WAIT_REPLICAS=TOO_MANY_REPLICAS,
+            IDEMPOTENCY_REDIS_WAIT_TIMEOUT=SHORT_WAIT,
+        ),
+        caplog.at_level(logging.ERROR, logger="django_idempotency"),
+    ):
+        refused = post(Client(), URL, {"amount": 5})
+
+    assert_problem(refused, 503, "store-unavailable")
+    assert Charge.objects.count() == 0
+    assert redis_keys(redis_store) == []  # Given back: a retry is not held off by it (409).
+    [message] = logged(caplog, logging.ERROR)
+    assert message == (
+        "Idempotency store unreachable: Redis ('idempotency'): the claim reached"
+        f" {TOO_MANY_REPLICAS - 1} of the {TOO_MANY_REPLICAS} replicas"
+        " IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within 0.05 s; the request is refused rather"
+        " than run unprotected. Check the replicas' links (INFO replication)."
+    )
+    retry = post(Client(), URL, {"amount": 5})
+    assert (retry.status_code, Charge.objects.count()) == (201, 1)
+
+
+def test_a_response_too_few_replicas_acknowledged_is_stored_sent_and_logged(
+    redis_store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = redis_store.begin(claim_request())
+    with (
+        override_settings(
+            IDEMPOTENCY_REDIS_WAIT_REPLICAS=TOO_MANY_REPLICAS,
+            IDEMPOTENCY_REDIS_WAIT_TIMEOUT=SHORT_WAIT,
+        ),
+        caplog.at_level(logging.WARNING, logger="django_idempotency"),
+    ):
+        kept = redis_store.complete(
+            claim, StoredResponse(201, [], b"{}", "Created"), timezone.now()
+        )
+
+    assert kept
+    assert (the_record().status, the_record().response_body) == ("completed", b"{}")
+    assert logged(caplog, logging.WARNING) == [
+        f"The stored response of 'key-1' reached {TOO_MANY_REPLICAS - 1} of the"
+        f" {TOO_MANY_REPLICAS} replicas IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within 0.05 s:"
+        " it is sent, but a fail-over of its primary before they catch up loses it, and a retry"
+        " runs the view again once the lease ends."
+    ]
+
+
+@pytest.mark.skipif(not REDIS_CLUSTER_URL, reason="replicas to wait for: on the Redis Cluster")
+def test_waiting_for_a_replica_the_stored_response_is_on_it_when_the_client_gets_it(
+    redis_store: RedisStore,
+) -> None:
+    key = redis_store.record_key(SCOPE)
+    connection = redis_store.connection()
+    assert isinstance(connection, redis.RedisCluster)
+    node = connection.get_node_from_key(key, replica=True)
+    replica = redis.Redis(host=node.host, port=node.port, single_connection_client=True)
+    replica.execute_command("READONLY")  # A replica of a cluster answers reads only after it.
+    try:
+        with override_settings(IDEMPOTENCY_REDIS_WAIT_REPLICAS=1):
+            first = post(Client(), URL, {"amount": 5})
+            on_replica = replica.hget(key, "response_body")
+            retry = post(Client(), URL, {"amount": 5})
+    finally:
+        replica.close()
+
+    assert (first.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+    assert on_replica == first.content
+    assert Charge.objects.count() == 1
