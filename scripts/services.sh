@@ -143,10 +143,7 @@ start_redis_cluster() {
   for port in $(_redis_cluster_ports); do
     mkdir -p "$REDIS_CLUSTER_DIR/$port"
     rm -f "$REDIS_CLUSTER_DIR/$port/nodes.conf"  # A cluster of its own each time.
-    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
-      --cluster-enabled yes --cluster-port $((port + 1000)) --cluster-config-file "$REDIS_CLUSTER_DIR/$port/nodes.conf" \
-      --cluster-node-timeout "$REDIS_CLUSTER_NODE_TIMEOUT" --dir "$REDIS_CLUSTER_DIR/$port" \
-      --pidfile "$REDIS_CLUSTER_DIR/$port/redis.pid" --logfile "$REDIS_CLUSTER_DIR/$port/redis.log"
+    start_redis_cluster_node "$port"
     nodes+=("127.0.0.1:$port")
   done
   for port in $(_redis_cluster_ports); do
@@ -165,6 +162,17 @@ start_redis_cluster() {
   redis-cli -p "$REDIS_CLUSTER_PORT" cluster info | grep -q "cluster_state:ok" \
     || { echo "Redis Cluster on $REDIS_CLUSTER_PORT did not reach cluster_state:ok" >&2; return 1; }
   echo "Redis Cluster ready on 127.0.0.1:$REDIS_CLUSTER_PORT-$((REDIS_CLUSTER_PORT + 5))"
+}
+
+# One node of the cluster, on PORT; started again after a crash it rejoins the cluster it knew
+# (its nodes.conf), as a replica if another node took over its slots meanwhile.
+start_redis_cluster_node() {
+  local port="$1"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+    --cluster-enabled yes --cluster-port $((port + 1000)) \
+    --cluster-config-file "$REDIS_CLUSTER_DIR/$port/nodes.conf" \
+    --cluster-node-timeout "$REDIS_CLUSTER_NODE_TIMEOUT" --dir "$REDIS_CLUSTER_DIR/$port" \
+    --pidfile "$REDIS_CLUSTER_DIR/$port/redis.pid" --logfile "$REDIS_CLUSTER_DIR/$port/redis.log"
 }
 
 stop_redis_cluster() {
