@@ -104,7 +104,7 @@ if os.environ.get("REDIS_CLUSTER_URL"):
         "LOCATION": os.environ["REDIS_CLUSTER_URL"],
         # Longer than IDEMPOTENCY_REDIS_WAIT_TIMEOUT: a read cut short would answer 503.
         "OPTIONS": {
-            "CLIENT_CLASS": "django_idempotency.stores.cluster.RedisClusterClient",
+            "CLIENT_CLASS": "django_idempotency.contrib.redis_cluster.RedisClusterClient",
             "SOCKET_CONNECT_TIMEOUT": 0.2,
             "SOCKET_TIMEOUT": 2,
         },

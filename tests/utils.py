@@ -119,7 +119,7 @@ def redis_caches(location: str) -> dict[str, dict[str, object]]:
     if REDIS_CLUSTER_URL:
         location, database = on_cluster(location)
         prefix += f"-db{database}"
-        options["CLIENT_CLASS"] = "django_idempotency.stores.cluster.RedisClusterClient"
+        options["CLIENT_CLASS"] = "django_idempotency.contrib.redis_cluster.RedisClusterClient"
     return {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "idempotency": {

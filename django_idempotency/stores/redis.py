@@ -148,7 +148,7 @@ class RedisStore(BaseStore):
         from django_redis import get_redis_connection  # type: ignore[import-untyped]
 
         try:
-            # A RedisCluster with django_idempotency.stores.cluster.RedisClusterClient.
+            # A RedisCluster with django_idempotency.contrib.redis_cluster.RedisClusterClient.
             return cast("Redis | RedisCluster", get_redis_connection(self.alias, write=True))
         except NotImplementedError as exc:
             raise ImproperlyConfigured(

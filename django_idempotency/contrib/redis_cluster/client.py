@@ -8,20 +8,12 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-try:
-    # django-redis ships no type information.
-    from django_redis.client import DefaultClient  # type: ignore[import-untyped]
-except ImportError as exc:  # pragma: no cover - the base env has no django-redis
-    raise ImportError(
-        "django_idempotency.stores.cluster needs django-redis: pip install"
-        " django-idempotency[redis]"
-    ) from exc
+# django-redis ships no type information.
+from django_redis.client import DefaultClient  # type: ignore[import-untyped]
 from redis.cluster import ClusterNode, RedisCluster
 
 if TYPE_CHECKING:
     from collections.abc import Collection
-
-CLIENT_CLASS = "django_idempotency.stores.cluster.RedisClusterClient"
 
 # One RedisCluster per set of nodes and options, shared by every thread of the process: each
 # knows the cluster's slots and keeps a connection pool per node, which Django's per-thread
