@@ -49,6 +49,13 @@ def to_byte_count(value: Any, name: str) -> int | None:
     )
 
 
+def to_count(value: Any, name: str) -> int:
+    """A count: an int of zero or more."""
+    if type(value) is int and value >= 0:
+        return value
+    raise ImproperlyConfigured(f"{name} must be a number (an int of 0 or more), not {value!r}.")
+
+
 def load_callable(value: str | Callable[..., Any], name: str) -> Callable[..., Any]:
     if callable(value):
         return value
@@ -180,6 +187,19 @@ class Settings:
     def REDIS_CACHE(self) -> str:
         """The django-redis cache alias whose connection the Redis store uses."""
         return str(self._get("IDEMPOTENCY_REDIS_CACHE", "default"))
+
+    @cached_property
+    def REDIS_WAIT_REPLICAS(self) -> int:
+        """The Redis store only: how many replicas must acknowledge a claim and a stored
+        response (Redis's WAIT) before the view runs and before the response is sent; 0: none."""
+        value = self._get("IDEMPOTENCY_REDIS_WAIT_REPLICAS", 0)
+        return to_count(value, "IDEMPOTENCY_REDIS_WAIT_REPLICAS")
+
+    @cached_property
+    def REDIS_WAIT_TIMEOUT(self) -> timedelta:
+        """How long WAIT waits for IDEMPOTENCY_REDIS_WAIT_REPLICAS replicas."""
+        value = self._get("IDEMPOTENCY_REDIS_WAIT_TIMEOUT", 1)
+        return to_timedelta(value, "IDEMPOTENCY_REDIS_WAIT_TIMEOUT")
 
     @cached_property
     def DATABASE(self) -> str | None:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Start (or stop) the throw-away PostgreSQL, MariaDB and Redis the test suite runs against, on
 # loopback. Usage: source scripts/services.sh; start_postgres; start_pg_replica; start_mariadb;
-# start_redis; ...; stop_redis; stop_mariadb; stop_pg_replica; stop_postgres
+# start_redis; start_redis_cluster; ...; stop_redis_cluster; stop_redis; stop_mariadb;
+# stop_pg_replica; stop_postgres. The Redis Cluster has 3 primaries and 3 replicas (ports
+# REDIS_CLUSTER_PORT to REDIS_CLUSTER_PORT + 5).
 set -euo pipefail
 
 SERVICES_DIR="${SERVICES_DIR:-$(pwd)/.services}"
@@ -157,5 +159,69 @@ start_redis() {
 stop_redis() {
   if [ "${REDIS_STARTED_HERE:-0}" = "1" ]; then
     redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  fi
+}
+
+# A Redis Cluster: 6 nodes on consecutive ports from REDIS_CLUSTER_PORT, 3 primaries with a
+# replica each, their cluster bus 1000 ports above (Redis's default, 10000 above, is past 65535
+# for these ports). A small node timeout (REDIS_CLUSTER_NODE_TIMEOUT, ms) makes a replica take
+# over from a killed primary within seconds, as the fail-over scenario needs.
+REDIS_CLUSTER_PORT="${REDIS_CLUSTER_PORT:-63800}"
+REDIS_CLUSTER_DIR="$SERVICES_DIR/redis-cluster"
+REDIS_CLUSTER_NODE_TIMEOUT="${REDIS_CLUSTER_NODE_TIMEOUT:-2000}"
+
+_redis_cluster_ports() { seq "$REDIS_CLUSTER_PORT" $((REDIS_CLUSTER_PORT + 5)); }
+
+start_redis_cluster() {
+  command -v redis-server >/dev/null || { echo "redis-server not found: install Debian's redis-server" >&2; return 1; }
+  REDIS_CLUSTER_STARTED_HERE=0
+  export REDIS_CLUSTER_URL="redis://127.0.0.1:$REDIS_CLUSTER_PORT"
+  if redis-cli -p "$REDIS_CLUSTER_PORT" cluster info 2>/dev/null | grep -q "cluster_state:ok"; then
+    echo "Redis Cluster already up on 127.0.0.1:$REDIS_CLUSTER_PORT"
+    return 0
+  fi
+  REDIS_CLUSTER_STARTED_HERE=1
+  local port nodes=()
+  for port in $(_redis_cluster_ports); do
+    mkdir -p "$REDIS_CLUSTER_DIR/$port"
+    rm -f "$REDIS_CLUSTER_DIR/$port/nodes.conf"  # A cluster of its own each time.
+    start_redis_cluster_node "$port"
+    nodes+=("127.0.0.1:$port")
+  done
+  for port in $(_redis_cluster_ports); do
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
+  # Until every node agrees: the slots assigned, each replica attached to its primary.
+  for _ in $(seq 100); do
+    local ok=1
+    for port in $(_redis_cluster_ports); do
+      redis-cli -p "$port" cluster info | grep -q "cluster_state:ok" || ok=0
+    done
+    [ "$ok" = "1" ] && [ "$(redis-cli -p "$REDIS_CLUSTER_PORT" cluster nodes | grep -c slave)" = "3" ] && break
+    sleep 0.1
+  done
+  redis-cli -p "$REDIS_CLUSTER_PORT" cluster info | grep -q "cluster_state:ok" \
+    || { echo "Redis Cluster on $REDIS_CLUSTER_PORT did not reach cluster_state:ok" >&2; return 1; }
+  echo "Redis Cluster ready on 127.0.0.1:$REDIS_CLUSTER_PORT-$((REDIS_CLUSTER_PORT + 5))"
+}
+
+# One node of the cluster, on PORT; started again after a crash it rejoins the cluster it knew
+# (its nodes.conf), as a replica if another node took over its slots meanwhile.
+start_redis_cluster_node() {
+  local port="$1"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+    --cluster-enabled yes --cluster-port $((port + 1000)) \
+    --cluster-config-file "$REDIS_CLUSTER_DIR/$port/nodes.conf" \
+    --cluster-node-timeout "$REDIS_CLUSTER_NODE_TIMEOUT" --dir "$REDIS_CLUSTER_DIR/$port" \
+    --pidfile "$REDIS_CLUSTER_DIR/$port/redis.pid" --logfile "$REDIS_CLUSTER_DIR/$port/redis.log"
+}
+
+stop_redis_cluster() {
+  if [ "${REDIS_CLUSTER_STARTED_HERE:-0}" = "1" ]; then
+    local port
+    for port in $(_redis_cluster_ports); do
+      redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    done
   fi
 }

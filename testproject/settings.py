@@ -97,6 +97,20 @@ if os.environ.get("REDIS_URL"):
         # Fail fast when Redis is gone: the tier falls back to the database.
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.2},
     }
+# The same alias on a Redis Cluster: REDIS_CLUSTER_URL=redis://<any node>
+if os.environ.get("REDIS_CLUSTER_URL"):
+    CACHES["idempotency"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": os.environ["REDIS_CLUSTER_URL"],
+        # Longer than IDEMPOTENCY_REDIS_WAIT_TIMEOUT: a read cut short would answer 503.
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_idempotency.contrib.redis_cluster.RedisClusterClient",
+            "SOCKET_CONNECT_TIMEOUT": 0.2,
+            "SOCKET_TIMEOUT": 2,
+        },
+    }
+IDEMPOTENCY_REDIS_WAIT_REPLICAS = int(os.environ.get("IDEMPOTENCY_REDIS_WAIT_REPLICAS", 0))
+IDEMPOTENCY_REDIS_WAIT_TIMEOUT = float(os.environ.get("IDEMPOTENCY_REDIS_WAIT_TIMEOUT", 1))
 IDEMPOTENCY_CACHE = os.environ.get("IDEMPOTENCY_CACHE") or None
 # Records in Redis instead of the database (lease mode only): IDEMPOTENCY_MODE=lease
 # IDEMPOTENCY_STORE=django_idempotency.stores.redis.RedisStore REDIS_URL=redis://...

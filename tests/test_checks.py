@@ -63,6 +63,7 @@ E017 = "django_idempotency.E017"
 E018 = "django_idempotency.E018"
 E019 = "django_idempotency.E019"
 E020 = "django_idempotency.E020"
+E021 = "django_idempotency.E021"
 REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
 MEMORY_STORE = "django_idempotency.stores.memory.MemoryStore"
 IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
@@ -426,6 +427,24 @@ FIRES = [
         id="E016",
     ),
     pytest.param(
+        E021,
+        {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": "1"},
+        ["IDEMPOTENCY_REDIS_WAIT_REPLICAS must be a number (an int of 0 or more), not '1'"],
+        id="E021-string",
+    ),
+    pytest.param(
+        E021,
+        {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": -1},
+        ["IDEMPOTENCY_REDIS_WAIT_REPLICAS", "not -1"],
+        id="E021-negative",
+    ),
+    pytest.param(
+        E002,
+        {"IDEMPOTENCY_REDIS_WAIT_TIMEOUT": 0},
+        ["IDEMPOTENCY_REDIS_WAIT_TIMEOUT = 0", "more than zero"],
+        id="E002-redis-wait-timeout",
+    ),
+    pytest.param(
         W005,
         {"IDEMPOTENCY_LEASE_SECONDS": 30},
         ["IDEMPOTENCY_LEASE_SECONDS is not a django-idempotency setting", "IDEMPOTENCY_LEASE?"],
@@ -573,6 +592,8 @@ SILENT = [
     ),
     pytest.param(E016, {"IDEMPOTENCY_MAX_STORED_BYTES": None}, id="E016-no-limit"),
     pytest.param(E016, {"IDEMPOTENCY_MAX_STORED_BYTES": 0}, id="E016-zero"),
+    pytest.param(E021, {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": 0}, id="E021-zero"),
+    pytest.param(E021, {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": 2}, id="E021"),
     pytest.param(
         W005,
         {"IDEMPOTENCY_GUARD_ALL_VIEWS": False, "IDEMPOTENCY_ERROR_FORMAT": "drf"},

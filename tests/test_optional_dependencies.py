@@ -158,6 +158,7 @@ def test_contrib_packages_fail_only_for_their_missing_dependency(probe: dict[str
         ("prometheus", "prometheus"),
         ("drf_spectacular", "spectacular"),
         ("rest_framework.errors", "drf"),
+        ("redis_cluster", "redis"),
     ],
 )
 def test_a_contrib_module_without_its_extra_names_the_extra_to_install(

@@ -34,7 +34,7 @@ from tests.stores import (
     the_record,
     using_store,
 )
-from tests.utils import ViewKind, assert_problem, fingerprint_of, post
+from tests.utils import REDIS_CLUSTER_URL, ViewKind, assert_problem, fingerprint_of, post
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -66,7 +66,7 @@ def test_each_record_is_one_hash_whose_key_hash_tags_the_scope(redis_store: Redi
     connection = redis_store.connection()
     [key] = redis_keys(redis_store)
     digest = hashlib.sha256(b"default\x00\x00key-1").hexdigest()
-    assert re.fullmatch(rf"tests-\d+:1:django_idempotency:1:\{{{digest}\}}", key.decode())
+    assert re.fullmatch(rf"tests-\d+(-db\d)?:1:django_idempotency:1:\{{{digest}\}}", key.decode())
     fields = {name.decode() for name in connection.hgetall(key)}
     assert fields == {
         *("namespace", "owner", "key", "fingerprint", "method", "path", "status"),
@@ -202,6 +202,9 @@ def test_a_take_over_lost_to_a_rival_retry_is_in_progress(redis_store: RedisStor
     assert the_record().status == "in_progress"  # The rival's claim, running.
 
 
+@pytest.mark.skipif(
+    bool(REDIS_CLUSTER_URL), reason="a cluster's replicas are its own, not django-redis LOCATIONs"
+)
 def test_with_a_replica_configured_records_are_written_and_read_on_the_primary() -> None:
     # django-redis sends reads to a replica (every LOCATION after the first) unless asked for
     # the primary: a claim read from a lagging replica would miss the rival's claim. Database 4
@@ -343,8 +346,17 @@ def test_use_tz_false_a_retry_in_the_repeated_hour_is_replayed(
 @contextlib.contextmanager
 def maxmemory_policy(policy: str) -> Iterator[None]:
     """The test Redis with `policy` for the block, then its own again. Its maxmemory is 0 (no
-    limit), so nothing is evicted meanwhile, whatever the policy."""
-    server = redis.Redis.from_url(REDIS_URL)
+    limit), so nothing is evicted meanwhile, whatever the policy.
+
+    On a Redis Cluster, the last of its primaries alone: one that evicts is one too many, and
+    it is not the node a client asks what it asks no node in particular."""
+    if REDIS_CLUSTER_URL:
+        cluster = redis.RedisCluster.from_url(REDIS_CLUSTER_URL)
+        primary = max(cluster.get_primaries(), key=lambda node: node.port)
+        server = redis.Redis(host=primary.host, port=primary.port)
+        cluster.close()
+    else:
+        server = redis.Redis.from_url(REDIS_URL)
     original = server.config_get("maxmemory-policy")["maxmemory-policy"]
     server.config_set("maxmemory-policy", policy)
     try:
@@ -423,6 +435,7 @@ def redis_refusing_config() -> Iterator[str]:
         server.wait(timeout=10)
 
 
+@pytest.mark.skipif(bool(REDIS_CLUSTER_URL), reason="a Redis of the test's own, not a cluster")
 def test_a_redis_that_refuses_config_is_used_and_said_so_at_debug_level(
     redis_refusing_config: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -474,3 +487,82 @@ def test_caches_apart_by_version_or_key_function_keep_their_records_apart(
     assert (a.outcome, b.outcome) == (Outcome.FRESH, Outcome.FRESH)
     assert key_a != key_b
     assert re.fullmatch(r"\{[0-9a-f]{64}\}", key_b[key_b.index("{") :])
+
+
+# More replicas than the test Redis has: none on one Redis, one per primary on the cluster.
+TOO_MANY_REPLICAS = 2 if REDIS_CLUSTER_URL else 1
+SHORT_WAIT = 0.05
+
+
+def test_a_claim_too_few_replicas_acknowledged_is_503_given_back_and_the_view_does_not_run(
+    redis_store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        override_settings(
+            IDEMPOTENCY_REDIS_WAIT_REPLICAS=TOO_MANY_REPLICAS,
+            IDEMPOTENCY_REDIS_WAIT_TIMEOUT=SHORT_WAIT,
+        ),
+        caplog.at_level(logging.ERROR, logger="django_idempotency"),
+    ):
+        refused = post(Client(), URL, {"amount": 5})
+
+    assert_problem(refused, 503, "store-unavailable")
+    assert Charge.objects.count() == 0
+    assert redis_keys(redis_store) == []  # Given back: a retry is not held off by it (409).
+    [message] = logged(caplog, logging.ERROR)
+    assert message == (
+        "Idempotency store unreachable: Redis ('idempotency'): the claim reached"
+        f" {TOO_MANY_REPLICAS - 1} of the {TOO_MANY_REPLICAS} replicas"
+        " IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within 0.05 s; the request is refused rather"
+        " than run unprotected. Check the replicas' links (INFO replication)."
+    )
+    retry = post(Client(), URL, {"amount": 5})
+    assert (retry.status_code, Charge.objects.count()) == (201, 1)
+
+
+def test_a_response_too_few_replicas_acknowledged_is_stored_sent_and_logged(
+    redis_store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = redis_store.begin(claim_request())
+    with (
+        override_settings(
+            IDEMPOTENCY_REDIS_WAIT_REPLICAS=TOO_MANY_REPLICAS,
+            IDEMPOTENCY_REDIS_WAIT_TIMEOUT=SHORT_WAIT,
+        ),
+        caplog.at_level(logging.WARNING, logger="django_idempotency"),
+    ):
+        kept = redis_store.complete(
+            claim, StoredResponse(201, [], b"{}", "Created"), timezone.now()
+        )
+
+    assert kept
+    assert (the_record().status, the_record().response_body) == ("completed", b"{}")
+    assert logged(caplog, logging.WARNING) == [
+        f"The stored response of 'key-1' reached {TOO_MANY_REPLICAS - 1} of the"
+        f" {TOO_MANY_REPLICAS} replicas IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within 0.05 s:"
+        " it is sent, but a fail-over of its primary before they catch up loses it, and a retry"
+        " runs the view again once the lease ends."
+    ]
+
+
+@pytest.mark.skipif(not REDIS_CLUSTER_URL, reason="replicas to wait for: on the Redis Cluster")
+def test_waiting_for_a_replica_the_stored_response_is_on_it_when_the_client_gets_it(
+    redis_store: RedisStore,
+) -> None:
+    key = redis_store.record_key(SCOPE)
+    connection = redis_store.connection()
+    assert isinstance(connection, redis.RedisCluster)
+    node = connection.get_node_from_key(key, replica=True)
+    replica = redis.Redis(host=node.host, port=node.port, single_connection_client=True)
+    replica.execute_command("READONLY")  # A replica of a cluster answers reads only after it.
+    try:
+        with override_settings(IDEMPOTENCY_REDIS_WAIT_REPLICAS=1):
+            first = post(Client(), URL, {"amount": 5})
+            on_replica = replica.hget(key, "response_body")
+            retry = post(Client(), URL, {"amount": 5})
+    finally:
+        replica.close()
+
+    assert (first.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+    assert on_replica == first.content
+    assert Charge.objects.count() == 1

@@ -7,6 +7,7 @@ import enum
 import json
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.cache import caches
 from django.test import Client
@@ -97,22 +98,46 @@ def logged_in_browser() -> Client:
     return client
 
 
+# The Redis store's and the cache tier's tests on a Redis Cluster instead of one Redis
+# (tox env py311-django52-rediscluster): every alias they make is a RedisClusterClient.
+REDIS_CLUSTER_URL = os.environ.get("REDIS_CLUSTER_URL", "")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799")
+
+
 def redis_caches(location: str) -> dict[str, dict[str, object]]:
     """CACHES with a django-redis alias "idempotency" at `location`, failing fast.
 
     Its keys are prefixed by this process: test processes running side by side (tox envs, xdist
     workers) share the Redis server, and one must never see or delete another's keys. Empty it
     with `clear_own_keys`, never `clear()`, which empties the whole Redis database.
+
+    With REDIS_CLUSTER_URL set, the alias is on that cluster: a location on the test Redis is
+    moved there, its database number (a cluster has database 0 only) made part of the prefix.
     """
+    prefix = f"tests-{os.getpid()}"
+    options: dict[str, object] = {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5}
+    if REDIS_CLUSTER_URL:
+        location, database = on_cluster(location)
+        prefix += f"-db{database}"
+        options["CLIENT_CLASS"] = "django_idempotency.contrib.redis_cluster.RedisClusterClient"
     return {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "idempotency": {
             "BACKEND": "django_redis.cache.RedisCache",
             "LOCATION": location,
-            "KEY_PREFIX": f"tests-{os.getpid()}",
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+            "KEY_PREFIX": prefix,
+            "OPTIONS": options,
         },
     }
+
+
+def on_cluster(location: str) -> tuple[str, str]:
+    """(the location on REDIS_CLUSTER_URL if it is on the test Redis, its database number)."""
+    parts = urlsplit(location)
+    database = parts.path.strip("/") or "0"
+    if parts.netloc == urlsplit(REDIS_URL).netloc:
+        return REDIS_CLUSTER_URL, database
+    return f"{parts.scheme}://{parts.netloc}", database  # A server of a test's own, or none.
 
 
 def clear_own_keys(alias: str = "idempotency") -> None:

@@ -21,6 +21,7 @@ from django_idempotency.checks.ids import (
     INVALID_COLLECTION,
     INVALID_DURATION,
     INVALID_HEADER,
+    INVALID_REPLICA_COUNT,
     MIDDLEWARE_NOT_LAST,
     NAMESPACE_TOO_LONG,
     NOT_A_BOOLEAN,
@@ -69,6 +70,7 @@ def check_settings(
         *_database(),
         *_booleans(),
         *_byte_counts(),
+        *_replica_counts(),
         *_unknown_names(),
         *_middleware_order(),
         *_atomic_setting_on_lease_only_store(),
@@ -98,6 +100,12 @@ def _durations() -> Iterable[CheckMessage]:
             True,
             "Set IDEMPOTENCY_WAIT_TIMEOUT to zero or more seconds: how long a duplicate waits"
             ' (on_conflict="wait") for the first request before it gets 409.',
+        ),
+        (
+            "REDIS_WAIT_TIMEOUT",
+            False,
+            "Set IDEMPOTENCY_REDIS_WAIT_TIMEOUT to more than zero seconds, e.g. 1: how long the"
+            " Redis store waits for its replicas (Redis's WAIT 0 would wait for ever).",
         ),
     ]
     for attribute, zero_allowed, hint in rules:
@@ -288,6 +296,15 @@ def _byte_counts() -> Iterable[CheckMessage]:
         "For example IDEMPOTENCY_MAX_STORED_BYTES = 1024 * 1024 (the default), or None to store"
         " response bodies of any size.",
         INVALID_BYTE_COUNT,
+    )
+
+
+def _replica_counts() -> Iterable[CheckMessage]:
+    yield from _refused(
+        "REDIS_WAIT_REPLICAS",
+        "For example IDEMPOTENCY_REDIS_WAIT_REPLICAS = 1 (each claim and stored response on at"
+        " least one replica before the request goes on), or 0 (the default) not to wait.",
+        INVALID_REPLICA_COUNT,
     )
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import math
 import uuid
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.core.cache import caches
@@ -34,6 +36,7 @@ from django_idempotency.stores.base import (
 
 if TYPE_CHECKING:
     from redis import Redis
+    from redis.cluster import RedisCluster
     from redis.commands.core import Script
 
 logger = logging.getLogger("django_idempotency")
@@ -140,12 +143,13 @@ class RedisStore(BaseStore):
     def alias(self) -> str:
         return conf.REDIS_CACHE
 
-    def connection(self) -> Redis:
+    def connection(self) -> Redis | RedisCluster:
         # django-redis ships no type information.
         from django_redis import get_redis_connection  # type: ignore[import-untyped]
 
         try:
-            return cast("Redis", get_redis_connection(self.alias, write=True))
+            # A RedisCluster with django_idempotency.contrib.redis_cluster.RedisClusterClient.
+            return cast("Redis | RedisCluster", get_redis_connection(self.alias, write=True))
         except NotImplementedError as exc:
             raise ImproperlyConfigured(
                 f"IDEMPOTENCY_REDIS_CACHE = {self.alias!r} is not a django-redis cache: the"
@@ -163,14 +167,14 @@ class RedisStore(BaseStore):
         key = self.record_key(request.scope)
         token = uuid.uuid4().hex
         claim_args = _claim_args(request, token)
-        found = self._run(CLAIM, key, claim_args)
+        found = self._claim(CLAIM, key, claim_args, token)
         if found is not None:
             record = _record(found, like=request.now)
             if not record.abandoned(request.now):
                 return record.answer(request)
             # Expired, or its request's lease ran out: take it over, unless it changed since.
             between_steps("take-over")
-            found = self._run(TAKE_OVER, key, [*claim_args, record.lease_token])
+            found = self._claim(TAKE_OVER, key, [*claim_args, record.lease_token], token)
             if found is not None:
                 record = _record(found, like=request.now)
                 if record.abandoned(request.now):
@@ -189,7 +193,25 @@ class RedisStore(BaseStore):
             _ms(now),
             _ms(claim.expires_at) - _ms(now),  # PEXPIRE: a zero or negative time deletes.
         ]
-        return bool(self._run(COMPLETE, self.record_key(claim.scope), args))
+        key = self.record_key(claim.scope)
+        if not conf.REDIS_WAIT_REPLICAS:
+            return bool(self._run(COMPLETE, key, args))
+        kept, acknowledged = self._run_and_wait(COMPLETE, key, args)
+        if kept and acknowledged < conf.REDIS_WAIT_REPLICAS:
+            # The view has run and its response is stored on the primary: refusing it now would
+            # undo nothing, and the client's retry would be replayed the same response. Send it,
+            # and say that a fail-over before the replicas catch up may cost a second run.
+            logger.warning(
+                "The stored response of %r reached %d of the %d replicas"
+                " IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within %s s: it is sent, but a"
+                " fail-over of its primary before they catch up loses it, and a retry runs the"
+                " view again once the lease ends.",
+                claim.scope.key,
+                acknowledged,
+                conf.REDIS_WAIT_REPLICAS,
+                _seconds(conf.REDIS_WAIT_TIMEOUT),
+            )
+        return bool(kept)
 
     def release(self, claim: Claim) -> bool:
         assert claim.scope is not None
@@ -200,29 +222,109 @@ class RedisStore(BaseStore):
         logger.info("The Redis store's records expire by Redis TTL: the purge deletes nothing.")
         return PurgeResult()
 
+    def _claim(self, source: str, key: str, args: Sequence[Any], token: str) -> Any:
+        """Run a script that claims the key (nil once it did); with
+        IDEMPOTENCY_REDIS_WAIT_REPLICAS, a claim that too few replicas acknowledged in time is
+        given back and the request refused (`StoreUnavailable`): a fail-over could lose it, and a
+        retry would then run the view a second time."""
+        replicas = conf.REDIS_WAIT_REPLICAS
+        if not replicas:
+            return self._run(source, key, args)
+        found, acknowledged = self._run_and_wait(source, key, args)
+        if found is None and acknowledged < replicas:
+            self._run(RELEASE, key, [token])
+            raise StoreUnavailable(
+                f"Redis ({self.alias!r}): the claim reached {acknowledged} of the {replicas}"
+                " replicas IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within"
+                f" {_seconds(conf.REDIS_WAIT_TIMEOUT)} s; the request is refused rather than"
+                " run unprotected. Check the replicas' links (INFO replication)."
+            )
+        return found
+
     def _run(self, source: str, key: str, args: Sequence[Any]) -> Any:
         """Run a script on the record's key; a Redis that cannot answer is `StoreUnavailable`."""
-        from redis.exceptions import RedisError
-
-        try:
-            connection = self.connection()
-            if self.alias not in self._policies_checked:
-                self._check_eviction_policy(connection)
+        with self._unavailable_as_store_error():
+            connection = self._checked_connection()
             script = self._scripts.get(source)
             if script is None:
                 script = self._scripts[source] = connection.register_script(source)
             return script(keys=[key], args=args, client=connection)
-        except RedisError as exc:
+
+    def _run_and_wait(self, source: str, key: str, args: Sequence[Any]) -> tuple[Any, int]:
+        """Run a script, then WAIT for IDEMPOTENCY_REDIS_WAIT_REPLICAS replicas: the script's
+        answer, and how many replicas acknowledged its write in time.
+
+        WAIT counts the writes of the connection it is sent on, so both go in one pipeline, to
+        the node that owns the key (on a Redis Cluster, the primary of the key's slot): one
+        round trip, one connection. On a cluster whose slots moved (a fail-over) or a node that
+        is gone, the slots are read again and the pipeline sent once more; every script may run
+        twice (a claim finds its own record, a completion writes the same fields).
+        """
+        from redis.cluster import RedisCluster
+        from redis.exceptions import ConnectionError, MovedError, NoScriptError
+
+        timeout = max(1, math.ceil(conf.REDIS_WAIT_TIMEOUT.total_seconds() * 1000))
+        sha = hashlib.sha1(source.encode()).hexdigest()  # Redis's own id of the script.
+        with self._unavailable_as_store_error():
+            connection = self._checked_connection()
+            for attempt in range(3):
+                node = connection
+                if isinstance(connection, RedisCluster):
+                    owner = connection.get_node_from_key(key)  # type: ignore[no-untyped-call]
+                    node = connection.get_redis_connection(owner)
+                try:
+                    pipeline = node.pipeline(transaction=False)
+                    pipeline.evalsha(sha, 1, key, *args)
+                    pipeline.execute_command("WAIT", conf.REDIS_WAIT_REPLICAS, timeout)
+                    found, acknowledged = pipeline.execute(raise_on_error=False)
+                    if isinstance(found, NoScriptError) and attempt == 0:
+                        node.script_load(source)  # A new node (or a restarted one) has none.
+                        continue
+                    if isinstance(found, Exception):
+                        raise found
+                    if isinstance(acknowledged, Exception):
+                        raise acknowledged
+                    return found, int(acknowledged)
+                except (ConnectionError, MovedError):
+                    if not isinstance(connection, RedisCluster) or attempt == 2:
+                        raise
+                    connection.nodes_manager.initialize()  # Where the slot's primary is now.
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.contextmanager
+    def _unavailable_as_store_error(self) -> Iterator[None]:
+        """A Redis (or Redis Cluster) that cannot answer is `StoreUnavailable`."""
+        from redis.exceptions import RedisClusterException, RedisError
+
+        try:
+            yield
+        except (RedisError, RedisClusterException) as exc:
             raise StoreUnavailable(f"Redis ({self.alias!r}): {exc}") from exc
 
-    def _check_eviction_policy(self, connection: Redis) -> None:
+    def _checked_connection(self) -> Redis | RedisCluster:
+        connection = self.connection()
+        if self.alias not in self._policies_checked:
+            self._check_eviction_policy(connection)
+        return connection
+
+    def _check_eviction_policy(self, connection: Redis | RedisCluster) -> None:
         """Warn, once per alias, of a Redis that may evict a live claim: with any policy but
         noeviction it drops keys that have an expiry (every record has one) when memory is full,
-        and a retry whose claim was evicted runs the view again."""
+        and a retry whose claim was evicted runs the view again. On a Redis Cluster, of each
+        primary."""
+        from redis.cluster import RedisCluster
         from redis.exceptions import ResponseError
 
         try:
-            answer = connection.config_get("maxmemory-policy")
+            if isinstance(connection, RedisCluster):
+                answers = connection.config_get(
+                    "maxmemory-policy", target_nodes=RedisCluster.PRIMARIES
+                )
+                # One answer per primary, by node name; a cluster of one primary answers alone.
+                several = "maxmemory-policy" not in answers
+                answer = _strictest(list(answers.values()) if several else [answers])
+            else:
+                answer = connection.config_get("maxmemory-policy")
         except ResponseError as exc:  # CONFIG renamed away or not allowed (managed Redis).
             logger.debug(
                 "Could not read the maxmemory-policy of the Redis of IDEMPOTENCY_REDIS_CACHE ="
@@ -242,6 +344,18 @@ class RedisStore(BaseStore):
                     policy,
                 )
         self._policies_checked.add(self.alias)
+
+
+def _strictest(answers: list[Any]) -> Any:
+    """Of the primaries' CONFIG GET answers, one that evicts if any does."""
+    for answer in answers:
+        if isinstance(answer, dict) and answer.get("maxmemory-policy") != "noeviction":
+            return answer
+    return answers[0] if answers else None
+
+
+def _seconds(duration: timedelta) -> str:
+    return f"{duration.total_seconds():g}"
 
 
 def _record(found: list[bytes | None], *, like: datetime) -> Record:

@@ -3,6 +3,7 @@ at the end."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -37,6 +38,7 @@ SCENARIOS = {
     "test_expiry": "4. clock and expiry",
     "test_hostile_input": "5. hostile input",
     "test_isolation": "6. isolation",
+    "test_failover": "7. fail-over",
 }
 # One session per process: what the tests measured, and how long each scenario took.
 _FIGURES = Figures()
@@ -54,6 +56,15 @@ STORE_MARKERS = {
 }
 
 
+# The fail-over scenario starts a Redis Cluster of its own: only its env runs it
+# (reliability-rediscluster, RELIABILITY_REDIS_CLUSTER=1); deselected elsewhere, never skipped.
+CLUSTER_MARKER = "redis_cluster"
+
+
+def _cluster_run() -> bool:
+    return os.environ.get("RELIABILITY_REDIS_CLUSTER", "") == "1"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -64,6 +75,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "redis_store: a reliability scenario of the Redis store alone; deselected unless "
         "RELIABILITY_STORE=redis",
+    )
+    config.addinivalue_line(
+        "markers",
+        "redis_cluster: a reliability scenario on a Redis Cluster of its own; deselected unless "
+        "RELIABILITY_REDIS_CLUSTER=1",
     )
 
 
@@ -78,7 +94,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     deselected: list[pytest.Item] = []
     for item in items:
         stores = {STORE_MARKERS[m.name] for m in item.iter_markers() if m.name in STORE_MARKERS}
-        (deselected if stores and store not in stores else selected).append(item)
+        on_cluster = item.get_closest_marker(CLUSTER_MARKER) is not None
+        unwanted = (stores and store not in stores) or on_cluster != _cluster_run()
+        (deselected if unwanted else selected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
