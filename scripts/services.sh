@@ -192,13 +192,18 @@ start_redis_cluster() {
     for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
   done
   redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
-  # Until every node agrees: the slots assigned, each replica attached to its primary.
-  for _ in $(seq 100); do
+  # Until every node agrees: the slots assigned, and every node knows the 3 replicas, each
+  # with its link to its primary up (a client that reads the slot map sooner sees no replica).
+  for _ in $(seq 200); do
     local ok=1
     for port in $(_redis_cluster_ports); do
       redis-cli -p "$port" cluster info | grep -q "cluster_state:ok" || ok=0
+      [ "$(redis-cli -p "$port" cluster nodes | grep -c slave)" = "3" ] || ok=0
+      if redis-cli -p "$port" info replication | grep -q "role:slave"; then
+        redis-cli -p "$port" info replication | grep -q "master_link_status:up" || ok=0
+      fi
     done
-    [ "$ok" = "1" ] && [ "$(redis-cli -p "$REDIS_CLUSTER_PORT" cluster nodes | grep -c slave)" = "3" ] && break
+    [ "$ok" = "1" ] && break
     sleep 0.1
   done
   redis-cli -p "$REDIS_CLUSTER_PORT" cluster info | grep -q "cluster_state:ok" \

@@ -51,8 +51,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "start_pg_replica)."
         )
 
+    # Tests of a Redis Cluster's own behaviour run only on one (tox's rediscluster env), and
+    # tests of a single Redis server's only elsewhere.
+    on_cluster = bool(os.environ.get("REDIS_CLUSTER_URL"))
+    unlike_redis = "single_node_redis" if on_cluster else "redis_cluster_nodes"
+
     def elsewhere(item: pytest.Item) -> bool:
         if without_replica and item.get_closest_marker("replica"):
+            return True
+        if item.get_closest_marker(unlike_redis):
             return True
         named = [name for name in DATABASE_MARKERS if item.get_closest_marker(name)]
         return bool(named) and database not in named

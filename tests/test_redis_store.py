@@ -202,9 +202,8 @@ def test_a_take_over_lost_to_a_rival_retry_is_in_progress(redis_store: RedisStor
     assert the_record().status == "in_progress"  # The rival's claim, running.
 
 
-@pytest.mark.skipif(
-    bool(REDIS_CLUSTER_URL), reason="a cluster's replicas are its own, not django-redis LOCATIONs"
-)
+# A cluster's replicas are its own, not django-redis LOCATIONs.
+@pytest.mark.single_node_redis
 def test_with_a_replica_configured_records_are_written_and_read_on_the_primary() -> None:
     # django-redis sends reads to a replica (every LOCATION after the first) unless asked for
     # the primary: a claim read from a lagging replica would miss the rival's claim. Database 4
@@ -435,7 +434,7 @@ def redis_refusing_config() -> Iterator[str]:
         server.wait(timeout=10)
 
 
-@pytest.mark.skipif(bool(REDIS_CLUSTER_URL), reason="a Redis of the test's own, not a cluster")
+@pytest.mark.single_node_redis  # A Redis of the test's own, not a cluster.
 def test_a_redis_that_refuses_config_is_used_and_said_so_at_debug_level(
     redis_refusing_config: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -545,13 +544,16 @@ def test_a_response_too_few_replicas_acknowledged_is_stored_sent_and_logged(
     ]
 
 
-@pytest.mark.skipif(not REDIS_CLUSTER_URL, reason="replicas to wait for: on the Redis Cluster")
+@pytest.mark.redis_cluster_nodes  # Replicas to wait for.
 def test_waiting_for_a_replica_the_stored_response_is_on_it_when_the_client_gets_it(
     redis_store: RedisStore,
 ) -> None:
     key = redis_store.record_key(SCOPE)
     connection = redis_store.connection()
     assert isinstance(connection, redis.RedisCluster)
+    # The client's slot map may date from before the replicas joined a new cluster: read it
+    # again, to find the replica to look at.
+    connection.nodes_manager.initialize()
     node = connection.get_node_from_key(key, replica=True)
     replica = redis.Redis(host=node.host, port=node.port, single_connection_client=True)
     replica.execute_command("READONLY")  # A replica of a cluster answers reads only after it.
