@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Start (or stop) the throw-away PostgreSQL, MariaDB and Redis the test suite runs against, on
-# loopback. Usage: source scripts/services.sh; start_postgres; start_pg_replica; start_mariadb;
-# start_redis; start_redis_cluster; ...; stop_redis_cluster; stop_redis; stop_mariadb;
-# stop_pg_replica; stop_postgres. The Redis Cluster has 3 primaries and 3 replicas (ports
+# Start (or stop) the throw-away PostgreSQL, MariaDB and Redis the test suite runs against, and a
+# PgBouncer in front of that PostgreSQL, on loopback. Usage: source scripts/services.sh;
+# start_postgres; start_pgbouncer; start_pg_replica; start_mariadb; start_redis;
+# start_redis_cluster; ...; stop_redis_cluster; stop_redis; stop_mariadb; stop_pg_replica;
+# stop_pgbouncer; stop_postgres. The Redis Cluster has 3 primaries and 3 replicas (ports
 # REDIS_CLUSTER_PORT to REDIS_CLUSTER_PORT + 5).
 set -euo pipefail
 
@@ -15,6 +16,8 @@ MARIADB_PORT="${MARIADB_PORT:-33069}"
 MARIADB_DIR="$SERVICES_DIR/mariadb"
 REDIS_PORT="${REDIS_PORT:-63799}"
 REDIS_DIR="$SERVICES_DIR/redis"
+PGBOUNCER_PORT="${PGBOUNCER_PORT:-64329}"
+PGBOUNCER_DIR="$SERVICES_DIR/pgbouncer"
 
 # initdb and mariadbd refuse to run as root: as root, run them as the system user their Debian
 # package makes ("postgres", "mysql"); otherwise as ourselves. Usage: _as USER COMMAND...
@@ -93,6 +96,75 @@ start_pg_replica() {
 stop_pg_replica() {
   if [ "${PG_REPLICA_STARTED_HERE:-0}" = "1" ]; then
     _as_pg_user "pg_ctl -D '$PG_REPLICA_DATA' -m fast -w stop" >/dev/null 2>&1 || true
+  fi
+}
+
+# PgBouncer in transaction pooling in front of start_postgres's server (PG_PORT), as the
+# deployments that pool their connections run it: every database on that server is reachable
+# through it, as the same user, without a password (a throw-away pooler on loopback).
+start_pgbouncer() {
+  local binary
+  binary="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
+  [ -x "$binary" ] || { echo "pgbouncer not found: install Debian's pgbouncer" >&2; return 1; }
+  mkdir -p "$PGBOUNCER_DIR"
+  # PgBouncer refuses to run as root: as root it runs as "postgres", as PostgreSQL does.
+  if [ "$(id -u)" = "0" ]; then chmod 755 "$SERVICES_DIR"; chown postgres "$PGBOUNCER_DIR"; fi
+  PGBOUNCER_STARTED_HERE=0
+  if ! _pgbouncer_answers; then
+    PGBOUNCER_STARTED_HERE=1
+    printf '"postgres" ""\n' >"$PGBOUNCER_DIR/userlist.txt"
+    # - default_pool_size: few server connections for many clients, so that clients really
+    #   share them (a statement of one client runs on the connection another just used).
+    # - server_idle_timeout: an idle server connection is closed within a second or two, so
+    #   that DROP DATABASE (a test database at the end of a run), which waits up to 5 s for the
+    #   database's other sessions to end, is not refused because of this pooler's.
+    # - ignore_startup_parameters: what drivers send that PgBouncer does not track.
+    cat >"$PGBOUNCER_DIR/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=$PG_PORT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $PGBOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $PGBOUNCER_DIR/userlist.txt
+admin_users = postgres
+pool_mode = transaction
+default_pool_size = ${PGBOUNCER_POOL_SIZE:-4}
+max_client_conn = 1000
+server_idle_timeout = 1
+ignore_startup_parameters = extra_float_digits,options
+logfile = $PGBOUNCER_DIR/pgbouncer.log
+pidfile = $PGBOUNCER_DIR/pgbouncer.pid
+INI
+    if [ "$(id -u)" = "0" ]; then chown postgres "$PGBOUNCER_DIR"/*; fi
+    _as_pg_user "'$binary' -d -q '$PGBOUNCER_DIR/pgbouncer.ini'"
+    for _ in $(seq 50); do _pgbouncer_answers && break; sleep 0.1; done
+    _pgbouncer_answers \
+      || { echo "PgBouncer did not start: see $PGBOUNCER_DIR/pgbouncer.log" >&2; return 1; }
+  fi
+  export PGBOUNCER_URL="postgres://postgres@127.0.0.1:$PGBOUNCER_PORT"
+  echo "PgBouncer (transaction pooling) ready on 127.0.0.1:$PGBOUNCER_PORT"
+}
+
+# Whether PgBouncer answers on its port (its admin console needs no server behind it).
+_pgbouncer_answers() {
+  psql -X -q -h 127.0.0.1 -p "$PGBOUNCER_PORT" -U postgres -d pgbouncer -c "SHOW VERSION" \
+    >/dev/null 2>&1
+}
+
+# Stops PgBouncer (at once, cutting its clients) only if start_pgbouncer started it, and returns
+# once it has exited.
+stop_pgbouncer() {
+  if [ "${PGBOUNCER_STARTED_HERE:-0}" = "1" ]; then
+    local pid
+    pid="$(cat "$PGBOUNCER_DIR/pgbouncer.pid" 2>/dev/null || true)"
+    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do
+      { [ -z "$pid" ] || [ ! -e "/proc/$pid" ]; } && break
+      sleep 0.1
+    done
   fi
 }
 

@@ -59,6 +59,12 @@ DATABASES = {
         conn_max_age=int(os.environ.get("CONN_MAX_AGE", "0")),
     )
 }
+if os.environ.get("PGBOUNCER") == "1" and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # DATABASE_URL is a PgBouncer in transaction pooling: no server-side cursors (Django's
+    # setting for it, which the idempotency store also reads) and no prepared statements
+    # (psycopg's; None is Django's default too).
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
 if DATABASES["default"]["ENGINE"].endswith("mysql"):
     # MariaDB (mysql://...): Django's MySQL backend talks utf8 (3-byte UTF-8) unless told; keys
     # and bodies may hold any character.

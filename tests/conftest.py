@@ -36,6 +36,11 @@ def database_under_test() -> str:
     return {"sqlite3": "sqlite", "mysql": "mariadb"}.get(engine.rsplit(".", 1)[-1], "postgresql")
 
 
+def behind_pgbouncer() -> bool:
+    """Whether DATABASE_URL is a PgBouncer in transaction pooling (tests/settings.py)."""
+    return os.environ.get("PGBOUNCER") == "1"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     database = database_under_test()
 
@@ -56,12 +61,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     on_cluster = bool(os.environ.get("REDIS_CLUSTER_URL"))
     unlike_redis = "single_node_redis" if on_cluster else "redis_cluster_nodes"
 
+    pooled = behind_pgbouncer()
+
     def elsewhere(item: pytest.Item) -> bool:
         if without_replica and item.get_closest_marker("replica"):
             return True
         if item.get_closest_marker(unlike_redis):
             return True
         named = [name for name in DATABASE_MARKERS if item.get_closest_marker(name)]
+        if item.get_closest_marker("pgbouncer") and not pooled:
+            return True
+        if item.get_closest_marker("no_pooler") and pooled:
+            return True
         return bool(named) and database not in named
 
     deselected = [item for item in items if elsewhere(item)]
@@ -71,7 +82,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"database: {database_under_test()} (tests marked for other databases are deselected)"
+    pooler = " through PgBouncer (transaction pooling)" if behind_pgbouncer() else ""
+    return (
+        f"database: {database_under_test()}{pooler} (tests marked for other databases are "
+        "deselected)"
+    )
 
 
 @pytest.fixture(autouse=True, scope="session")

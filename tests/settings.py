@@ -53,6 +53,11 @@ DATABASES = {
         os.environ.get("DATABASE_URL") or "sqlite:///test-idempotency.sqlite3"
     ),
 }
+if os.environ.get("PGBOUNCER") == "1" and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # DATABASE_URL is a PgBouncer in transaction pooling: what Django and psycopg document for
+    # it (no server-side cursors, no prepared statements), as a project behind one sets them.
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
 if DATABASES["default"]["ENGINE"].endswith("mysql"):  # MariaDB: keys are stored as utf8mb4.
     DATABASES["default"].setdefault("OPTIONS", {})["charset"] = "utf8mb4"
     DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}

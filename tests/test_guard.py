@@ -305,6 +305,7 @@ def writes_then_meets_a_dead_connection(request: Any) -> str:
 
 @pytest.mark.postgresql
 @pytest.mark.mariadb
+@pytest.mark.no_pooler
 @pytest.mark.django_db(transaction=True, databases=["default", "records"])
 def test_an_owner_resolver_is_not_run_again_for_a_dead_connection_it_did_not_fail_on(
     client: Client,
@@ -324,6 +325,7 @@ def test_an_owner_resolver_is_not_run_again_for_a_dead_connection_it_did_not_fai
 
 @pytest.mark.postgresql
 @pytest.mark.mariadb
+@pytest.mark.no_pooler
 @pytest.mark.django_db(transaction=True, databases=["default", "records"])
 def test_an_owner_resolver_is_not_run_again_once_one_of_its_statements_went_through(
     client: Client,

@@ -424,6 +424,7 @@ def test_sqlite_locked_even_for_reading_answers_409_then_serves_the_retry() -> N
 
 @pytest.mark.postgresql
 @pytest.mark.mariadb
+@pytest.mark.no_pooler  # Behind PgBouncer: test_pgbouncer's restart test.
 @pytest.mark.parametrize("mode", ["atomic", "lease"])
 def test_a_dead_persistent_connection_is_replaced_before_the_guard_answers(
     settings: Any, mode: str

@@ -1,4 +1,4 @@
-"""The database store's hot statements: run through Django's cursor, prepared on PostgreSQL."""
+"""The database store's hot statements: run through Django's cursor, prepared where allowed."""
 
 from __future__ import annotations
 
@@ -126,28 +126,47 @@ def _datetime(value: datetime | None, connection: BaseDatabaseWrapper) -> dateti
 def cursor(connection: BaseDatabaseWrapper, *, several: bool = False) -> Iterator[Any]:
     """Django's cursor, so query logging and execute wrappers see every statement.
 
-    On PostgreSQL with psycopg 3 the statement is sent with server-side parameters and
-    prepared once per connection: its plan is then reused instead of being made again on every
-    request. With `several`, psycopg binds the parameters itself instead, so one round trip can
-    carry several statements (see `opens_transaction` and `closes_transaction`).
+    On PostgreSQL with psycopg 3 the statement is sent with server-side parameters, and
+    prepared once per connection where `prepares` allows it: its plan is then reused instead of
+    being made again on every request. With `several`, psycopg binds the parameters itself
+    instead, so one round trip can carry several statements (see `opens_transaction` and
+    `closes_transaction`).
     """
-    prepared = _prepared_cursor_class() if connection.vendor == "postgresql" else None
-    if prepared is None:
+    cursors = _server_binding_cursors() if connection.vendor == "postgresql" else None
+    if cursors is None:
         with connection.cursor() as django_cursor:
             yield django_cursor
         return
+    connection.ensure_connection()
     if several:
         from psycopg import ClientCursor
 
-        prepared = ClientCursor
-    connection.ensure_connection()
+        cursor_class: type = ClientCursor
+    else:
+        cursor_class = cursors[prepares(connection)]
     with connection.wrap_database_errors:
         # The wrapping `connection.cursor()` applies (logging, execute wrappers), around ours.
         django_cursor = connection._prepare_cursor(  # type: ignore[attr-defined]
-            prepared(connection.connection)
+            cursor_class(connection.connection)
         )
     with django_cursor:
         yield django_cursor
+
+
+def prepares(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the store prepares its statements on this open psycopg 3 connection: only where
+    the project lets psycopg prepare statements (`OPTIONS["prepare_threshold"]` a number; Django
+    sets None, which turns them off) and does not say that the connection goes through a pooler
+    in transaction mode (`DISABLE_SERVER_SIDE_CURSORS`, Django's setting for one).
+
+    Behind such a pooler (PgBouncer before 1.21, or without `max_prepared_statements`) a
+    statement prepared on one server connection is missing from the next, and its name
+    (`_pg3_0`, `_pg3_1`, ... on every client) may be taken there by another client's statement,
+    which would run in its place.
+    """
+    if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        return False
+    return getattr(connection.connection, "prepare_threshold", None) is not None
 
 
 def opens_transaction(connection: BaseDatabaseWrapper) -> bool:
@@ -181,19 +200,21 @@ def closes_transaction(connection: BaseDatabaseWrapper) -> bool:
 
 def _psycopg3(connection: BaseDatabaseWrapper) -> Any:
     """The connection's psycopg 3 connection, or None (another backend or driver)."""
-    if connection.vendor != "postgresql" or _prepared_cursor_class() is None:
+    if connection.vendor != "postgresql" or _server_binding_cursors() is None:
         return None
     return connection.connection
 
 
 @functools.cache
-def _prepared_cursor_class() -> type | None:
+def _server_binding_cursors() -> dict[bool, type] | None:
+    """psycopg 3's server-binding cursor, by whether it prepares its statements; None with
+    psycopg 2 (client-side binding only, nothing to prepare) or no driver at all."""
     try:
         from django.db.backends.postgresql import base
     except ImportError:  # No PostgreSQL driver at all.
         return None
     server_binding: Any = getattr(base, "ServerBindingCursor", None)
-    if server_binding is None:  # psycopg2: client-side binding only, nothing to prepare.
+    if server_binding is None:
         return None
 
     class PreparedCursor(server_binding):  # type: ignore[misc]
@@ -201,4 +222,10 @@ def _prepared_cursor_class() -> type | None:
             kwargs["prepare"] = True
             return super().execute(query, params, **kwargs)
 
-    return PreparedCursor
+    class UnpreparedCursor(server_binding):  # type: ignore[misc]
+        # Explicitly: psycopg would otherwise prepare a statement run prepare_threshold times.
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            kwargs["prepare"] = False
+            return super().execute(query, params, **kwargs)
+
+    return {True: PreparedCursor, False: UnpreparedCursor}

@@ -26,7 +26,9 @@ from tests.reliability.harness import (
     ServiceError,
     Services,
     chosen_database,
+    chosen_pooler,
     chosen_store,
+    pgbouncer_version,
     store_settings,
 )
 
@@ -170,6 +172,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(f"reliability store: {STORES[chosen_store()]} (RELIABILITY_STORE)")
     except ServiceError as exc:
         lines.append(str(exc))
+    try:
+        lines.append(f"reliability pooler: {chosen_pooler()} (RELIABILITY_POOLER)")
+    except ServiceError as exc:
+        lines.append(str(exc))
     return lines
 
 
@@ -178,11 +184,11 @@ def services() -> Iterator[Services]:
     """The database (RELIABILITY_DATABASE: postgresql or mariadb) and Redis of this run alone,
     for the store RELIABILITY_STORE names (database or redis); a missing binary fails the run."""
     try:
-        database, store = chosen_database(), chosen_store()
+        database, store, pooler = chosen_database(), chosen_store(), chosen_pooler()
     except ServiceError as exc:
         pytest.fail(str(exc), pytrace=False)
     directory = Path(tempfile.mkdtemp(prefix="idempotency-reliability-"))
-    services = Services(directory, database, store)
+    services = Services(directory, database, store, pooler)
     try:
         services.start()
     except ServiceError as exc:
@@ -190,6 +196,8 @@ def services() -> Iterator[Services]:
         shutil.rmtree(directory, ignore_errors=True)
         pytest.fail(str(exc), pytrace=False)
     _FIGURES.database = Database(services.database_url).version()
+    if services.pgbouncer:
+        _FIGURES.database += f" behind {pgbouncer_version()} in transaction pooling"
     _FIGURES.store = STORES[store]
     if store == "redis":
         _FIGURES.store_server = services.redis_persistence()

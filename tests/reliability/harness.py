@@ -43,6 +43,11 @@ USERS = {
 DATABASES = {"postgresql": "PostgreSQL", "mariadb": "MariaDB"}
 
 
+# What stands between the demo and PostgreSQL: RELIABILITY_POOLER=pgbouncer puts a PgBouncer of
+# the run in transaction pooling there (scripts/services.sh's start_pgbouncer); none by default.
+POOLERS = {"none": "", "pgbouncer": "PgBouncer (transaction pooling)"}
+
+
 # The store the demo keeps its records in: RELIABILITY_STORE=database (the default) or redis.
 STORES = {"database": "database", "redis": "Redis"}
 REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
@@ -62,6 +67,19 @@ def chosen_database() -> str:
             f"RELIABILITY_DATABASE={name!r}: the reliability suite runs on "
             f"{' or '.join(DATABASES)}."
         )
+    return name
+
+
+def chosen_pooler() -> str:
+    """RELIABILITY_POOLER, checked like RELIABILITY_DATABASE."""
+    name = os.environ.get("RELIABILITY_POOLER", "").strip().lower() or "none"
+    if name not in POOLERS:
+        raise ServiceError(
+            f"RELIABILITY_POOLER={name!r}: the reliability suite runs with "
+            f"{' or '.join(POOLERS)} in front of PostgreSQL."
+        )
+    if name != "none" and chosen_database() != "postgresql":
+        raise ServiceError(f"RELIABILITY_POOLER={name!r} pools PostgreSQL connections only.")
     return name
 
 
@@ -85,6 +103,13 @@ def store_settings(store: str) -> dict[str, str]:
     if store == "redis":
         return {"IDEMPOTENCY_MODE": "lease", "IDEMPOTENCY_STORE": REDIS_STORE}
     return {}
+
+
+def pgbouncer_version() -> str:
+    """The PgBouncer scripts/services.sh starts, with its version, for the figures."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    result = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    return (result.stdout.splitlines() or ["PgBouncer"])[0]
 
 
 def wait_until(condition_met: Callable[[], bool], seconds: float, what: str) -> None:
@@ -114,7 +139,9 @@ class Services:
     directory: Path
     database: str = field(default_factory=chosen_database)
     store: str = field(default_factory=chosen_store)
+    pooler: str = field(default_factory=chosen_pooler)
     pg_port: int = field(default_factory=free_port)
+    pgbouncer_port: int = field(default_factory=free_port)
     mariadb_port: int = field(default_factory=free_port)
     redis_port: int = field(default_factory=free_port)
     _reaper: subprocess.Popen[bytes] | None = None
@@ -136,10 +163,16 @@ class Services:
         return f"postgresql://postgres@127.0.0.1:{self.pg_port}/postgres"
 
     @property
+    def pgbouncer(self) -> bool:
+        return self.pooler == "pgbouncer"
+
+    @property
     def database_url(self) -> str:
+        """The demo's database, as the demo reaches it: through PgBouncer when there is one."""
         if self.mariadb:
             return f"mysql://root@127.0.0.1:{self.mariadb_port}/{DATABASE}"
-        return f"postgres://postgres@127.0.0.1:{self.pg_port}/{DATABASE}"
+        port = self.pgbouncer_port if self.pgbouncer else self.pg_port
+        return f"postgres://postgres@127.0.0.1:{port}/{DATABASE}"
 
     @property
     def redis_url(self) -> str:
@@ -153,6 +186,7 @@ class Services:
             "PG_PORT": str(self.pg_port),
             "MARIADB_PORT": str(self.mariadb_port),
             "REDIS_PORT": str(self.redis_port),
+            "PGBOUNCER_PORT": str(self.pgbouncer_port),
         }
 
     @property
@@ -298,6 +332,8 @@ class Services:
         self.directory.chmod(0o755)
         self._start_reaper()
         self.start_database()
+        if self.pgbouncer:  # In front of the database, as deployed; it outlives its restarts.
+            self._start("start_pgbouncer")
         self.start_redis()
         admin = Database(self.admin_url)
         admin.rows(f"DROP DATABASE IF EXISTS {DATABASE}")
@@ -310,6 +346,8 @@ class Services:
 
     def stop(self) -> None:
         self.stop_redis()
+        if self.pgbouncer:
+            self._services("PGBOUNCER_STARTED_HERE=1 stop_pgbouncer")
         self.stop_database()
         if self._reaper is not None:
             self._reaper.terminate()
@@ -322,7 +360,8 @@ class Services:
         script = (
             f"end=$((SECONDS + {LIFETIME})); "
             f"while kill -0 {os.getpid()} 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 1; done; "
-            f"REDIS_STARTED_HERE=1 stop_redis; {self._stop_database}"
+            f"REDIS_STARTED_HERE=1 stop_redis; PGBOUNCER_STARTED_HERE=1 stop_pgbouncer; "
+            f"{self._stop_database}"
         )
         if self.redis_persistent:  # The append-only file, on tmpfs: memory until removed.
             script += f"; rm -rf '{self._redis_dir}'"
@@ -372,6 +411,8 @@ def demo_environment(services: Services, **settings: str) -> dict[str, str]:
         # DEBUG on: a 500 would carry its traceback into the failure report.
         "DJANGO_DEBUG": "1",
         "DATABASE_URL": services.database_url,
+        # Behind PgBouncer: what the demo's settings then set (testproject/settings.py).
+        "PGBOUNCER": "1" if services.pgbouncer else "0",
         "REDIS_URL": services.redis_url,
         "PYTHONDONTWRITEBYTECODE": "1",
         **settings,
