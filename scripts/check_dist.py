@@ -1,6 +1,7 @@
-"""Build the sdist and the wheel, check what they hold, and run the tests against the wheel.
+"""Build the sdist and the wheel, check what they hold, and run smoke tests against the wheel.
 
 Usage: python scripts/check_dist.py WORKDIR [pytest arguments...]
+       python scripts/check_dist.py --suite SUITEDIR
 
 1. Copies the source tree to WORKDIR/src (so the build never races a tox build in the checkout)
    and runs `python -m build` there: an sdist, then a wheel built from that sdist.
@@ -9,9 +10,14 @@ Usage: python scripts/check_dist.py WORKDIR [pytest arguments...]
    holds nothing outside the package and its metadata (no tests/, no testproject/).
 3. Installs the wheel and the `dev` dependency group into a new virtualenv, copies tests/,
    testproject/, docs/, manage.py and pyproject.toml (no package source) to WORKDIR/suite, proves
-   that `django_idempotency` is imported from site-packages there, and runs the test suite
-   there, with pytest's `pythonpath` emptied so that nothing but the installed copy can be
-   imported.
+   that `django_idempotency` is imported from site-packages there, with its py.typed, and runs
+   the smoke tests (SMOKE) there, with pytest's `pythonpath` emptied so that nothing but the
+   installed copy can be imported. Extra pytest arguments go to that run.
+
+With --suite, only copies the suite to SUITEDIR and proves that the running interpreter imports
+its installed copy there: the py313-django6-sqlite tox env runs the whole suite from that copy
+against the wheel tox installed (tox.ini), so the smoke tests here need only prove what that env
+cannot: that the sdist builds a complete, working wheel.
 """
 
 from __future__ import annotations
@@ -45,6 +51,20 @@ NOT_COPIED = (
     "*.sqlite3",
 )
 SUITE = ("tests", "testproject", "docs", "manage.py", "pyproject.toml")
+# What only an installed wheel can get wrong is a file left out of it; these tests reach every
+# kind of file the package ships (a few seconds in all): the migrations, applied and checked
+# against the models; the admin's three templates, rendered; the pytest plugin, loaded through its
+# entry point (the `assert_idempotent` fixture); and a request and its retry on every store
+# (database, Redis, memory) and every kind of view.
+SMOKE = (
+    "tests/test_migrations.py",
+    "tests/test_admin.py::test_the_list_says_where_another_store_keeps_the_records",
+    "tests/test_admin.py::test_the_detail_page_is_read_only",
+    "tests/test_admin.py::test_purge_selected_asks_first",
+    "tests/test_testing.py::test_the_fixture_passes_on_an_idempotent_endpoint",
+    "tests/test_testing.py::test_the_fixture_fails_on_an_endpoint_that_runs_twice",
+    "tests/test_http.py::test_retry_replays_status_headers_and_body_without_running_the_view",
+)
 
 
 def run(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
@@ -115,7 +135,38 @@ def check_contents(sdist: Path, wheel: Path) -> None:
     print(f"check_dist: {len(expected)} package files in the wheel and the sdist", flush=True)
 
 
-def run_suite(wheel: Path, workdir: Path, pytest_args: list[str]) -> None:
+def copy_suite(suite: Path) -> None:
+    """The suite without the package source, so that only an installed copy can be imported."""
+    shutil.rmtree(suite, ignore_errors=True)
+    suite.mkdir(parents=True)
+    for name in SUITE:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, suite / name, ignore=ignore)
+        else:
+            shutil.copy2(source, suite / name)
+
+
+def prove_installed(python: Path | str, suite: Path, env: dict[str, str]) -> None:
+    """Fail unless `python`, in `suite`, imports the installed copy, with its py.typed."""
+    run(
+        python,
+        "-c",
+        "import sysconfig, django_idempotency as package; from pathlib import Path; "
+        "site = Path(sysconfig.get_paths()['purelib']).resolve(); "
+        "here = Path(package.__file__).resolve(); print('check_dist: testing', here); "
+        "assert here.is_relative_to(site), f'{here} is not the installed copy in {site}'; "
+        "assert (here.parent / 'py.typed').is_file(), 'the installed copy has no py.typed'",
+        cwd=suite,
+        env=env,
+    )
+
+
+def without_pythonpath() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+
+def run_smoke_tests(wheel: Path, workdir: Path, pytest_args: list[str]) -> None:
     environment = workdir / "venv"
     venv.create(environment, with_pip=True)
     python = environment / "bin" / "python"
@@ -124,30 +175,20 @@ def run_suite(wheel: Path, workdir: Path, pytest_args: list[str]) -> None:
     run(python, "-m", "pip", "install", "--quiet", wheel, *groups["dev"])
 
     suite = workdir / "suite"
-    suite.mkdir()
-    for name in SUITE:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, suite / name, ignore=ignore)
-        else:
-            shutil.copy2(source, suite / name)
-
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    run(
-        python,
-        "-c",
-        "import sysconfig, django_idempotency as package; from pathlib import Path; "
-        "site = Path(sysconfig.get_paths()['purelib']).resolve(); "
-        "here = Path(package.__file__).resolve(); print('check_dist: testing', here); "
-        "assert here.is_relative_to(site), f'{here} is not the installed copy in {site}'",
-        cwd=suite,
-        env=env,
-    )
+    copy_suite(suite)
+    env = without_pythonpath()
+    prove_installed(python, suite, env)
     pytest = (python, "-m", "pytest", "-p", "no:cacheprovider", "-o", "pythonpath=")
-    run(*pytest, *pytest_args, cwd=suite, env=env)
+    run(*pytest, *SMOKE, *pytest_args, cwd=suite, env=env)
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--suite":
+        # For a tox env that runs the whole suite against the wheel it installed.
+        suite = Path(sys.argv[2]).resolve()
+        copy_suite(suite)
+        prove_installed(sys.executable, suite, without_pythonpath())
+        return
     if len(sys.argv) < 2:
         fail(__doc__ or "")
     workdir = Path(sys.argv[1]).resolve()
@@ -155,7 +196,7 @@ def main() -> None:
     workdir.mkdir(parents=True)
     sdist, wheel = build(workdir)
     check_contents(sdist, wheel)
-    run_suite(wheel, workdir, sys.argv[2:])
+    run_smoke_tests(wheel, workdir, sys.argv[2:])
 
 
 if __name__ == "__main__":

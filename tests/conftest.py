@@ -17,6 +17,10 @@ from tests.stores import STORE_MODES, STORE_PARAMS, using_store
 from tests.utils import ViewKind, lose_database
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.import_plugin("tests.ci_no_skips")
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """tests/reliability runs only when named (tox -e reliability): it starts servers of its own."""
     if collection_path != Path(__file__).parent / "reliability":
