@@ -64,12 +64,13 @@ E018 = "django_idempotency.E018"
 E019 = "django_idempotency.E019"
 E020 = "django_idempotency.E020"
 E021 = "django_idempotency.E021"
+W007 = "django_idempotency.W007"
 REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
 MEMORY_STORE = "django_idempotency.stores.memory.MemoryStore"
 IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
 CSRF_MIDDLEWARE = "django.middleware.csrf.CsrfViewMiddleware"
 DEPLOY_ONLY = {W002, W003, E020}
-DATABASE_ONLY = {W006}  # Run by `check --database <alias>`: tested on a real database below.
+DATABASE_ONLY = {W006, W007}  # Run by `check --database <alias>`: tested on a real database below.
 
 SHARED_CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:9/0"}
 POSTGRESQL = {"ENGINE": "django.db.backends.postgresql", "NAME": "idempotency"}
@@ -855,7 +856,7 @@ def _database_messages() -> list[CheckMessage]:
     return [
         message
         for message in run_checks(databases=["default"], tags=["database"])
-        if message.id == W006
+        if message.id in (W006, W007)
     ]
 
 
@@ -868,7 +869,24 @@ def test_a_forgotten_migrate_is_reported_by_check_database() -> None:
         "The table django_idempotency_record does not exist in the database 'default':"
         " run `python manage.py migrate django_idempotency`."
     )
-    assert "503" in str(message.hint)
+    assert "500 store-misconfigured" in str(message.hint)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unapplied_migration_is_reported_by_check_database() -> None:
+    call_command("migrate", "django_idempotency", "0002", verbosity=0)
+    try:
+        [message] = _database_messages()
+    finally:
+        call_command("migrate", "django_idempotency", verbosity=0)
+
+    assert message.id == W007
+    assert message.level == WARNING
+    assert message.msg == (
+        "The database 'default' lacks migrations of django_idempotency:"
+        " 0003_binary_scope_on_mariadb."
+    )
+    assert str(message.hint).startswith("Run `python manage.py migrate django_idempotency`")
 
 
 @pytest.mark.django_db

@@ -136,13 +136,13 @@ class Guard(contextlib.ExitStack):
                 ttl=settings.ttl,
             )
         except StoreUnavailable as exc:
-            problems.log_unreachable(exc)
-            return problems.store_unavailable()
+            return problems.unusable_store(exc)
         except ProgrammingError:
             # PostgreSQL reports a missing table so (SQLite as unreachable, above).
-            if not problems.log_unreachable(None):
+            answer = problems.unusable_store(None)
+            if answer is None:
                 raise
-            return problems.store_unavailable()
+            return answer
         outcome = claim.outcome
         if outcome is Outcome.FRESH:
             return None

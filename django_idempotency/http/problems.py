@@ -34,6 +34,9 @@ REQUEST_TOO_LARGE = ProblemKind("request-too-large", 413, "Request body too larg
 IN_PROGRESS = ProblemKind("request-in-progress", 409, "Request in progress")
 KEY_REUSED = ProblemKind("key-reused", 422, "Idempotency key reused for a different request")
 STORE_UNAVAILABLE = ProblemKind("store-unavailable", 503, "Idempotency store unavailable")
+# A deployment error (no records table, a per-process store in another process): no retry can
+# succeed until an operator fixes it, so it is a 500 without Retry-After.
+STORE_MISCONFIGURED = ProblemKind("store-misconfigured", 500, "Idempotency store misconfigured")
 DELIVERY_REJECTED = ProblemKind("delivery-rejected", 400, "Webhook delivery not verified")
 RESPONSE_NOT_STORED = ProblemKind("response-not-stored", 410, "Response too large to replay")
 
@@ -46,6 +49,7 @@ ALL_KINDS = (
     IN_PROGRESS,
     KEY_REUSED,
     STORE_UNAVAILABLE,
+    STORE_MISCONFIGURED,
     DELIVERY_REJECTED,
     RESPONSE_NOT_STORED,
 )
@@ -112,6 +116,24 @@ def store_unavailable() -> ProblemResponse:
         "The idempotency store cannot be reached, so the request was not run: retry later.",
         retry_after=5,
     )
+
+
+def store_misconfigured() -> ProblemResponse:
+    """The answer when the store cannot work until the deployment is fixed (the log says how),
+    and so the view was not run. No Retry-After: retrying changes nothing."""
+    return problem_response(
+        STORE_MISCONFIGURED,
+        "The idempotency store is not set up on this server, so the request was not run. The"
+        " server's error log says what its operator must do.",
+    )
+
+
+def unusable_store(exc: Exception | None) -> ProblemResponse | None:
+    """Log why the store failed and answer it: 500 when `migrate` has not created its table,
+    else 503 (None when `exc` is None and the table is there: the caller re-raises)."""
+    if log_unreachable(exc):
+        return store_misconfigured()
+    return None if exc is None else store_unavailable()
 
 
 def log_unreachable(exc: Exception | None) -> bool:
