@@ -65,6 +65,8 @@ E019 = "django_idempotency.E019"
 E020 = "django_idempotency.E020"
 E021 = "django_idempotency.E021"
 W007 = "django_idempotency.W007"
+E022 = "django_idempotency.E022"
+W008 = "django_idempotency.W008"
 REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
 MEMORY_STORE = "django_idempotency.stores.memory.MemoryStore"
 IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
@@ -140,6 +142,30 @@ class MistypedAttribute:
 
 class ValidAttributes:
     urlpatterns = [path("leased/", LeasedView.as_view())]
+
+
+class MisspeltMethodView(IdempotencyMixin, APIView):
+    idempotent_methods = ("POST", "PATHC")
+
+
+class MisspeltMethod:
+    urlpatterns = [path("orders/", MisspeltMethodView.as_view())]
+
+
+class MisspeltRequiredView(IdempotencyMixin, APIView):
+    idempotency_requried = True
+
+
+class MisspeltMethodsView(IdempotencyMixin, APIView):
+    idempotency_method = ("POST",)
+
+
+class MisspeltRequired:
+    urlpatterns = [path("orders/", MisspeltRequiredView.as_view())]
+
+
+class MisspeltMethods:
+    urlpatterns = [path("orders/", MisspeltMethodsView.as_view())]
 
 
 class AtomicView(IdempotencyMixin, APIView):
@@ -440,6 +466,33 @@ FIRES = [
         id="E021-negative",
     ),
     pytest.param(
+        E022,
+        {"IDEMPOTENCY_METHODS": ("POST", "PATHC")},
+        ["IDEMPOTENCY_METHODS lists 'PATHC', which is not an HTTP method"],
+        id="E022-setting",
+    ),
+    pytest.param(
+        E022,
+        {"ROOT_URLCONF": MisspeltMethod},
+        ["tests.test_checks.MisspeltMethodView.idempotent_methods lists 'PATHC'"],
+        id="E022-view",
+    ),
+    pytest.param(
+        W008,
+        {"ROOT_URLCONF": MisspeltRequired},
+        [
+            "tests.test_checks.MisspeltRequiredView.idempotency_requried (routed at 'orders/') is"
+            " not an idempotency attribute; did you mean idempotency_required?"
+        ],
+        id="W008-required",
+    ),
+    pytest.param(
+        W008,
+        {"ROOT_URLCONF": MisspeltMethods},
+        ["MisspeltMethodsView.idempotency_method", "did you mean idempotent_methods?"],
+        id="W008-methods",
+    ),
+    pytest.param(
         E002,
         {"IDEMPOTENCY_REDIS_WAIT_TIMEOUT": 0},
         ["IDEMPOTENCY_REDIS_WAIT_TIMEOUT = 0", "more than zero"],
@@ -595,6 +648,9 @@ SILENT = [
     pytest.param(E016, {"IDEMPOTENCY_MAX_STORED_BYTES": 0}, id="E016-zero"),
     pytest.param(E021, {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": 0}, id="E021-zero"),
     pytest.param(E021, {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": 2}, id="E021"),
+    pytest.param(E022, {"IDEMPOTENCY_METHODS": ["post", "PUT", "delete"]}, id="E022-setting"),
+    pytest.param(E022, {"ROOT_URLCONF": ValidAttributes}, id="E022-view"),
+    pytest.param(W008, {"ROOT_URLCONF": "tests.urls"}, id="W008-test-urls"),
     pytest.param(
         W005,
         {"IDEMPOTENCY_GUARD_ALL_VIEWS": False, "IDEMPOTENCY_ERROR_FORMAT": "drf"},

@@ -29,7 +29,7 @@ from django_idempotency.checks.ids import (
     TTL_SHORTER_THAN_LEASE,
     UNKNOWN_SETTING,
 )
-from django_idempotency.checks.reading import _UNSET, _load, _seconds, _setting
+from django_idempotency.checks.reading import _UNSET, _load, _seconds, _setting, unknown_methods
 from django_idempotency.checks.stores import (
     _atomic_setting_on_lease_only_store,
     _cache,
@@ -184,6 +184,8 @@ def _collections() -> Iterable[CheckMessage]:
             hint='For example IDEMPOTENCY_METHODS = ("POST", "PATCH").',
             id=INVALID_COLLECTION,
         )
+    elif methods is not _UNSET:
+        yield from unknown_methods("IDEMPOTENCY_METHODS", methods)
     ignored = _setting("IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS")
     if ignored is not _UNSET and not _strings(ignored, bare_string_allowed=False):
         yield Error(
