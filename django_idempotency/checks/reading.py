@@ -49,8 +49,7 @@ def unknown_methods(where: str, methods: Any) -> list[Error]:
         Error(
             f"{where} lists {name!r}, which is not an HTTP method: the method meant is not"
             " guarded.",
-            hint=f"Use the methods' names: {', '.join(HTTP_METHODS)} (e.g. \"PATCH\", not"
-            " \"PATHC\").",
+            hint=f"Spell it as one of {', '.join(HTTP_METHODS)} (PATCH, not PATHC).",
             id=UNKNOWN_METHOD,
         )
         for name in names
