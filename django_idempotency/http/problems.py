@@ -129,21 +129,23 @@ def store_misconfigured() -> ProblemResponse:
 
 
 def unusable_store(exc: Exception | None) -> ProblemResponse | None:
-    """Log why the store failed and answer it: 500 when `migrate` has not created its table,
-    else 503 (None when `exc` is None and the table is there: the caller re-raises)."""
+    """Log why the store failed and answer it: 500 for a deployment error (see
+    `log_unreachable`), else 503 (None when `exc` is None and the table is there: the caller
+    re-raises)."""
     if log_unreachable(exc):
         return store_misconfigured()
     return None if exc is None else store_unavailable()
 
 
 def log_unreachable(exc: Exception | None) -> bool:
-    """Log why the store failed; True when it is because `migrate` has not created its table."""
+    """Log why the store failed; True when it is a deployment error (`migrate` has not created
+    its table, a store that cannot run here) rather than an outage."""
     # Imported here: the models cannot be imported with the package, before apps are ready.
     from django_idempotency.schema import missing_table, missing_table_message, records_database
 
-    if isinstance(exc, StoreNotSupported):  # Its message names the database and what to do.
+    if isinstance(exc, StoreNotSupported):  # Its message says what is wrong and what to do.
         logger.error("Idempotency store unusable: %s", exc)
-        return False
+        return True
     alias = records_database()
     if alias is not None and missing_table(alias):
         logger.error("Idempotency store unusable: %s", missing_table_message(alias))
