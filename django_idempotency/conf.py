@@ -245,6 +245,30 @@ SETTING_NAMES = frozenset(
 conf = Settings()
 
 
+NOT_INSTALLED = (
+    'django_idempotency is not in INSTALLED_APPS: add "django_idempotency" to INSTALLED_APPS,'
+    " then run `python manage.py migrate django_idempotency`."
+)
+_installed = False  # Once seen installed, the registry is not asked again on each request.
+
+
+def require_installed() -> None:
+    """Raise ImproperlyConfigured saying how to fix it when the app is not installed, rather than
+    let the first keyed request fail on the model ("isn't in an application in INSTALLED_APPS").
+
+    Only once the app registry is ready: before that, nothing can be known yet."""
+    global _installed
+    if _installed:
+        return
+    from django.apps import apps
+
+    if not apps.ready:
+        return
+    if not apps.is_installed("django_idempotency"):
+        raise ImproperlyConfigured(NOT_INSTALLED)
+    _installed = True
+
+
 def reload_on_change(*, setting: str, **kwargs: Any) -> None:
     """`setting_changed` receiver: an IDEMPOTENCY_* setting changed, read them all again."""
     if setting.startswith("IDEMPOTENCY_"):

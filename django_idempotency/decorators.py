@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from django_idempotency.conf import Mode, OnConflict
+from django_idempotency.conf import Mode, OnConflict, require_installed
 from django_idempotency.http import frameworks, guard
 from django_idempotency.http.options import Options
 from django_idempotency.http.requests import is_request
@@ -68,6 +68,7 @@ def idempotent(
     )
 
     def decorate(func: View) -> View:
+        require_installed()  # Views are usually imported once the apps are ready.
         if isinstance(func, type):
             # Wrapping a class would hand the router or as_view() a function in its place.
             raise ImproperlyConfigured(

@@ -11,7 +11,7 @@ from django.core.handlers.base import BaseHandler
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from django_idempotency.conf import conf
+from django_idempotency.conf import conf, require_installed
 from django_idempotency.http import guard
 from django_idempotency.http.options import Options, is_exempt
 from django_idempotency.http.requests import SAFE_METHODS
@@ -39,6 +39,7 @@ class IdempotencyMiddleware:
     async_capable = True
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        require_installed()  # Django builds the middleware as the server starts: say it there.
         self.get_response = get_response
         self.handler = _handler_behind(get_response)
         if self.handler is None:
