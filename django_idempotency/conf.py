@@ -230,6 +230,19 @@ class Settings:
         return to_bool(value, "IDEMPOTENCY_GUARD_ALL_VIEWS")
 
     @cached_property
+    def EXEMPT_VIEWS(self) -> tuple[str, ...]:
+        """Dotted paths of views (classes or functions) that the middleware and the project-wide
+        guard leave alone, besides `http.exempt.CREDENTIAL_VIEWS`."""
+        value = self._get("IDEMPOTENCY_EXEMPT_VIEWS", ())
+        # A bare string would count as its single characters: refused with the rest.
+        listed = isinstance(value, Collection) and not isinstance(value, str | bytes | dict)
+        if not listed or not all(isinstance(path, str) for path in value):
+            raise ImproperlyConfigured(
+                f"IDEMPOTENCY_EXEMPT_VIEWS must be a list of dotted paths, not {value!r}."
+            )
+        return tuple(value)
+
+    @cached_property
     def ADMIN(self) -> bool:
         return to_bool(self._get("IDEMPOTENCY_ADMIN", True), "IDEMPOTENCY_ADMIN")
 

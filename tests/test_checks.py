@@ -267,6 +267,12 @@ FIRES = [
     ),
     pytest.param(
         E004,
+        {"IDEMPOTENCY_EXEMPT_VIEWS": "accounts.views.SignInView"},
+        ["IDEMPOTENCY_EXEMPT_VIEWS = 'accounts.views.SignInView' is not a collection of dotted"],
+        id="E004-exempt-views-bare-string",
+    ),
+    pytest.param(
+        E004,
         {"IDEMPOTENCY_STORED_CLIENT_ERRORS": 402},
         ["IDEMPOTENCY_STORED_CLIENT_ERRORS = 402"],
         id="E004-not-a-collection",
@@ -572,6 +578,9 @@ SILENT = [
     pytest.param(E003, {"IDEMPOTENCY_KEY_FORMAT": "uuid_or_ulid"}, id="E003-key-format"),
     pytest.param(E003, {"IDEMPOTENCY_KEY_FORMAT": None}, id="E003-no-key-format"),
     pytest.param(E004, {"IDEMPOTENCY_METHODS": "put"}, id="E004-one-method"),
+    pytest.param(
+        E004, {"IDEMPOTENCY_EXEMPT_VIEWS": ["accounts.views.SignInView"]}, id="E004-exempt-views"
+    ),
     pytest.param(
         E004,
         {

@@ -195,6 +195,14 @@ def _collections() -> Iterable[CheckMessage]:
             " a bare string would count as its single characters.",
             id=INVALID_COLLECTION,
         )
+    exempt = _setting("IDEMPOTENCY_EXEMPT_VIEWS")
+    if exempt is not _UNSET and not _strings(exempt, bare_string_allowed=False):
+        yield Error(
+            f"IDEMPOTENCY_EXEMPT_VIEWS = {exempt!r} is not a collection of dotted paths.",
+            hint='Use a list, e.g. IDEMPOTENCY_EXEMPT_VIEWS = ["accounts.views.SignInView"]:'
+            " a bare string would count as its single characters.",
+            id=INVALID_COLLECTION,
+        )
     statuses = _setting("IDEMPOTENCY_STORED_CLIENT_ERRORS")
     if statuses is not _UNSET and not _client_errors(statuses):
         yield Error(
