@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.test import Client
 from django.urls import path
@@ -136,3 +137,13 @@ def test_credential_views_can_be_told_apart_by_other_modules() -> None:
     assert is_credential_view(obtain_auth_token)
     assert is_credential_view(admin.site.login)
     assert not is_credential_view(SignInView.as_view())
+
+
+def test_a_bare_string_for_the_setting_is_refused_on_the_first_request(
+    client: Client, settings: Any
+) -> None:
+    # `check` reports it first (E004); a project that skipped it is told the same at run time.
+    settings.IDEMPOTENCY_EXEMPT_VIEWS = "tests.test_exempt.SignInView"
+
+    with pytest.raises(ImproperlyConfigured, match="IDEMPOTENCY_EXEMPT_VIEWS must be a list"):
+        client.post("/sign-in/", {})
