@@ -230,6 +230,19 @@ class Settings:
         return to_bool(value, "IDEMPOTENCY_GUARD_ALL_VIEWS")
 
     @cached_property
+    def EXEMPT_VIEWS(self) -> tuple[str, ...]:
+        """Dotted paths of views (classes or functions) that the middleware and the project-wide
+        guard leave alone, besides `http.exempt.CREDENTIAL_VIEWS`."""
+        value = self._get("IDEMPOTENCY_EXEMPT_VIEWS", ())
+        # A bare string would count as its single characters: refused with the rest.
+        listed = isinstance(value, Collection) and not isinstance(value, str | bytes | dict)
+        if not listed or not all(isinstance(path, str) for path in value):
+            raise ImproperlyConfigured(
+                f"IDEMPOTENCY_EXEMPT_VIEWS must be a list of dotted paths, not {value!r}."
+            )
+        return tuple(value)
+
+    @cached_property
     def ADMIN(self) -> bool:
         return to_bool(self._get("IDEMPOTENCY_ADMIN", True), "IDEMPOTENCY_ADMIN")
 
@@ -243,6 +256,30 @@ SETTING_NAMES = frozenset(
 
 
 conf = Settings()
+
+
+NOT_INSTALLED = (
+    'django_idempotency is not in INSTALLED_APPS: add "django_idempotency" to INSTALLED_APPS,'
+    " then run `python manage.py migrate django_idempotency`."
+)
+_installed = False  # Once seen installed, the registry is not asked again on each request.
+
+
+def require_installed() -> None:
+    """Raise ImproperlyConfigured saying how to fix it when the app is not installed, rather than
+    let the first keyed request fail on the model ("isn't in an application in INSTALLED_APPS").
+
+    Only once the app registry is ready: before that, nothing can be known yet."""
+    global _installed
+    if _installed:
+        return
+    from django.apps import apps
+
+    if not apps.ready:
+        return
+    if not apps.is_installed("django_idempotency"):
+        raise ImproperlyConfigured(NOT_INSTALLED)
+    _installed = True
 
 
 def reload_on_change(*, setting: str, **kwargs: Any) -> None:

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from django_idempotency.conf import Mode, OnConflict
+from django_idempotency.conf import Mode, OnConflict, require_installed
 from django_idempotency.http import frameworks, guard
 from django_idempotency.http.options import Options
 from django_idempotency.http.requests import is_request
@@ -68,11 +68,22 @@ def idempotent(
     )
 
     def decorate(func: View) -> View:
-        if hasattr(func, "cls") or hasattr(func, "view_class"):
+        require_installed()  # Views are usually imported once the apps are ready.
+        if isinstance(func, type):
+            # Wrapping a class would hand the router or as_view() a function in its place.
             raise ImproperlyConfigured(
-                f"@idempotent was applied to {func.__name__}, a view built by as_view() or "
-                "@api_view: place it below @api_view, or on the handler method, so it runs "
-                "after authentication, permission and throttle checks."
+                f"@idempotent was applied to the class {func.__module__}.{func.__qualname__}:"
+                " put it on the handler methods or actions instead (def create(self, request),"
+                " def post(self, request)), or give a DRF view IdempotencyMixin."
+            )
+        view_class = getattr(func, "cls", None) or getattr(func, "view_class", None)
+        if view_class is not None:
+            # The function as_view() returns is named "view": name what the user wrote.
+            raise ImproperlyConfigured(
+                f"@idempotent was applied to {view_class.__module__}.{view_class.__name__}, a"
+                " view built by as_view() or @api_view: place it below @api_view, or on the"
+                " handler method, so it runs after authentication, permission and throttle"
+                " checks."
             )
         wrapper = guarded(func, options)
         functools.update_wrapper(wrapper, func)

@@ -24,4 +24,5 @@ class DeliveryRejected(IdempotencyError):
 
 
 class StoreNotSupported(StoreUnavailable):
-    """The store's database is one it cannot run on; the message names it and what to do."""
+    """The store cannot run where it is used (a database it does not support, the memory store in
+    a second process): a deployment error, not an outage. The message says what to do."""

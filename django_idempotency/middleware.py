@@ -11,8 +11,9 @@ from django.core.handlers.base import BaseHandler
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from django_idempotency.conf import conf
+from django_idempotency.conf import conf, require_installed
 from django_idempotency.http import guard
+from django_idempotency.http.exempt import exempt_by_default
 from django_idempotency.http.options import Options, is_exempt
 from django_idempotency.http.requests import SAFE_METHODS
 
@@ -39,6 +40,7 @@ class IdempotencyMiddleware:
     async_capable = True
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        require_installed()  # Django builds the middleware as the server starts: say it there.
         self.get_response = get_response
         self.handler = _handler_behind(get_response)
         if self.handler is None:
@@ -171,8 +173,8 @@ def _guarded_class(request: HttpRequest, view_func: Callable[..., Any]) -> Any:
     handler = getattr(view_class, (request.method or "").lower(), None)
     if hasattr(view_func, "idempotency_options") or hasattr(handler, "idempotency_options"):
         return False  # @idempotent guards it already: its options are the more specific.
-    if is_exempt(view_func, view_class, handler):
-        return False
+    if is_exempt(view_func, view_class, handler) or exempt_by_default(view_func):
+        return False  # Opted out, or a view a login form reaches (see `http.exempt`).
     return view_class
 
 

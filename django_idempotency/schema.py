@@ -1,4 +1,4 @@
-"""Whether the records table exists: a forgotten `migrate` is named, not hidden behind a 503."""
+"""Whether the records table exists and is migrated: a forgotten `migrate` is named, not hidden."""
 
 from __future__ import annotations
 
@@ -31,8 +31,28 @@ def missing_table(alias: str) -> bool:
     return IdempotencyRecord._meta.db_table not in tables
 
 
+def unapplied_migrations(alias: str) -> list[str]:
+    """This app's migrations not yet applied to the database (empty when it cannot be read)."""
+    # Imported here: the migration loader reads every app's migrations, which `check` alone
+    # never needs.
+    from django.db.migrations.executor import MigrationExecutor
+
+    label = IdempotencyRecord._meta.app_label
+    try:
+        executor = MigrationExecutor(connections[alias])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes(label))
+    except DatabaseError:  # Unreachable: the checks that own it say why.
+        return []
+    return [migration.name for migration, _ in plan if migration.app_label == label]
+
+
 def missing_table_message(alias: str) -> str:
     return (
         f"The table {IdempotencyRecord._meta.db_table} does not exist in the database"
-        f" {alias!r}: {MIGRATE_HINT}" + ("" if alias == "default" else f" --database {alias}") + "."
+        f" {alias!r}: {migrate_hint(alias)}."
     )
+
+
+def migrate_hint(alias: str) -> str:
+    """What to run: `migrate` for this app, on the records' database."""
+    return MIGRATE_HINT + ("" if alias == "default" else f" --database {alias}")

@@ -64,12 +64,15 @@ E018 = "django_idempotency.E018"
 E019 = "django_idempotency.E019"
 E020 = "django_idempotency.E020"
 E021 = "django_idempotency.E021"
+W007 = "django_idempotency.W007"
+E022 = "django_idempotency.E022"
+W008 = "django_idempotency.W008"
 REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
 MEMORY_STORE = "django_idempotency.stores.memory.MemoryStore"
 IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
 CSRF_MIDDLEWARE = "django.middleware.csrf.CsrfViewMiddleware"
 DEPLOY_ONLY = {W002, W003, E020}
-DATABASE_ONLY = {W006}  # Run by `check --database <alias>`: tested on a real database below.
+DATABASE_ONLY = {W006, W007}  # Run by `check --database <alias>`: tested on a real database below.
 
 SHARED_CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:9/0"}
 POSTGRESQL = {"ENGINE": "django.db.backends.postgresql", "NAME": "idempotency"}
@@ -139,6 +142,30 @@ class MistypedAttribute:
 
 class ValidAttributes:
     urlpatterns = [path("leased/", LeasedView.as_view())]
+
+
+class MisspeltMethodView(IdempotencyMixin, APIView):
+    idempotent_methods = ("POST", "PATHC")
+
+
+class MisspeltMethod:
+    urlpatterns = [path("orders/", MisspeltMethodView.as_view())]
+
+
+class MisspeltRequiredView(IdempotencyMixin, APIView):
+    idempotency_requried = True
+
+
+class MisspeltMethodsView(IdempotencyMixin, APIView):
+    idempotency_method = ("POST",)
+
+
+class MisspeltRequired:
+    urlpatterns = [path("orders/", MisspeltRequiredView.as_view())]
+
+
+class MisspeltMethods:
+    urlpatterns = [path("orders/", MisspeltMethodsView.as_view())]
 
 
 class AtomicView(IdempotencyMixin, APIView):
@@ -237,6 +264,12 @@ FIRES = [
         {"IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS": "nonce"},
         ["IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS = 'nonce'"],
         id="E004-bare-string",
+    ),
+    pytest.param(
+        E004,
+        {"IDEMPOTENCY_EXEMPT_VIEWS": "accounts.views.SignInView"},
+        ["IDEMPOTENCY_EXEMPT_VIEWS = 'accounts.views.SignInView' is not a collection of dotted"],
+        id="E004-exempt-views-bare-string",
     ),
     pytest.param(
         E004,
@@ -439,6 +472,33 @@ FIRES = [
         id="E021-negative",
     ),
     pytest.param(
+        E022,
+        {"IDEMPOTENCY_METHODS": ("POST", "PATHC")},
+        ["IDEMPOTENCY_METHODS lists 'PATHC', which is not an HTTP method"],
+        id="E022-setting",
+    ),
+    pytest.param(
+        E022,
+        {"ROOT_URLCONF": MisspeltMethod},
+        ["tests.test_checks.MisspeltMethodView.idempotent_methods lists 'PATHC'"],
+        id="E022-view",
+    ),
+    pytest.param(
+        W008,
+        {"ROOT_URLCONF": MisspeltRequired},
+        [
+            "tests.test_checks.MisspeltRequiredView.idempotency_requried (routed at 'orders/') is"
+            " not an idempotency attribute; did you mean idempotency_required?"
+        ],
+        id="W008-required",
+    ),
+    pytest.param(
+        W008,
+        {"ROOT_URLCONF": MisspeltMethods},
+        ["MisspeltMethodsView.idempotency_method", "did you mean idempotent_methods?"],
+        id="W008-methods",
+    ),
+    pytest.param(
         E002,
         {"IDEMPOTENCY_REDIS_WAIT_TIMEOUT": 0},
         ["IDEMPOTENCY_REDIS_WAIT_TIMEOUT = 0", "more than zero"],
@@ -519,6 +579,9 @@ SILENT = [
     pytest.param(E003, {"IDEMPOTENCY_KEY_FORMAT": None}, id="E003-no-key-format"),
     pytest.param(E004, {"IDEMPOTENCY_METHODS": "put"}, id="E004-one-method"),
     pytest.param(
+        E004, {"IDEMPOTENCY_EXEMPT_VIEWS": ["accounts.views.SignInView"]}, id="E004-exempt-views"
+    ),
+    pytest.param(
         E004,
         {
             "IDEMPOTENCY_METHODS": ["post", "PUT"],
@@ -594,6 +657,9 @@ SILENT = [
     pytest.param(E016, {"IDEMPOTENCY_MAX_STORED_BYTES": 0}, id="E016-zero"),
     pytest.param(E021, {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": 0}, id="E021-zero"),
     pytest.param(E021, {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": 2}, id="E021"),
+    pytest.param(E022, {"IDEMPOTENCY_METHODS": ["post", "PUT", "delete"]}, id="E022-setting"),
+    pytest.param(E022, {"ROOT_URLCONF": ValidAttributes}, id="E022-view"),
+    pytest.param(W008, {"ROOT_URLCONF": "tests.urls"}, id="W008-test-urls"),
     pytest.param(
         W005,
         {"IDEMPOTENCY_GUARD_ALL_VIEWS": False, "IDEMPOTENCY_ERROR_FORMAT": "drf"},
@@ -855,7 +921,7 @@ def _database_messages() -> list[CheckMessage]:
     return [
         message
         for message in run_checks(databases=["default"], tags=["database"])
-        if message.id == W006
+        if message.id in (W006, W007)
     ]
 
 
@@ -868,7 +934,24 @@ def test_a_forgotten_migrate_is_reported_by_check_database() -> None:
         "The table django_idempotency_record does not exist in the database 'default':"
         " run `python manage.py migrate django_idempotency`."
     )
-    assert "503" in str(message.hint)
+    assert "500 store-misconfigured" in str(message.hint)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unapplied_migration_is_reported_by_check_database() -> None:
+    call_command("migrate", "django_idempotency", "0002", verbosity=0)
+    try:
+        [message] = _database_messages()
+    finally:
+        call_command("migrate", "django_idempotency", verbosity=0)
+
+    assert message.id == W007
+    assert message.level == WARNING
+    assert message.msg == (
+        "The database 'default' lacks migrations of django_idempotency:"
+        " 0003_binary_scope_on_mariadb."
+    )
+    assert str(message.hint).startswith("Run `python manage.py migrate django_idempotency`")
 
 
 @pytest.mark.django_db

@@ -67,7 +67,7 @@ def test_mariadb_answers_a_claim_not_yet_committed_at_once_then_the_mismatch(
     assert Charge.objects.count() == 1
 
 
-def test_a_backend_the_store_cannot_run_on_is_503_and_the_log_names_it(
+def test_a_backend_the_store_cannot_run_on_is_500_and_the_log_names_it(
     settings: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # With `manage.py check` skipped (E012 reports this at start-up), the first request still
@@ -79,7 +79,9 @@ def test_a_backend_the_store_cannot_run_on_is_503_and_the_log_names_it(
     with caplog.at_level(logging.ERROR, logger="django_idempotency"):
         response = post(Client(), URL, {"amount": 10}, key="k")
 
-    assert_problem(response, 503, "store-unavailable")
+    # A deployment error, not an outage: no Retry-After that would have clients retry for ever.
+    assert_problem(response, 500, "store-misconfigured")
+    assert "Retry-After" not in response
     [line] = [m for m in caplog.messages if "not unknown" in m]
     assert line.startswith(
         "Idempotency store unusable: The database store supports PostgreSQL, MariaDB and "

@@ -11,9 +11,10 @@ from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 from django.urls import path
-from rest_framework import permissions
+from rest_framework import permissions, viewsets
 from rest_framework.decorators import api_view
 from rest_framework.parsers import BaseParser
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -83,8 +84,28 @@ def test_idempotent_above_api_view_is_refused_at_import() -> None:
     def create(request: object) -> Response:
         return Response({})
 
-    with pytest.raises(ImproperlyConfigured, match="below @api_view"):
+    with pytest.raises(ImproperlyConfigured, match="below @api_view") as error:
         idempotent(api_view(["POST"])(create))
+
+    # The function the user wrote, not "view", the name of the function @api_view returns.
+    assert str(error.value).startswith(
+        "@idempotent was applied to tests.test_drf.create, a view built by as_view() or @api_view"
+    )
+
+
+def test_idempotent_on_a_viewset_class_says_to_put_it_on_the_actions() -> None:
+    with pytest.raises(ImproperlyConfigured) as error:
+
+        @idempotent
+        class OrderViewSet(viewsets.ViewSet):
+            def create(self, request: Request) -> Response:
+                return Response(status=201)
+
+    assert str(error.value).startswith(
+        "@idempotent was applied to the class tests.test_drf."
+        "test_idempotent_on_a_viewset_class_says_to_put_it_on_the_actions.<locals>.OrderViewSet:"
+        " put it on the handler methods or actions instead"
+    )
 
 
 def test_idempotent_on_something_that_is_not_a_view_is_refused(client: Client) -> None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.middleware.csrf import _mask_cipher_secret
 from django.test import Client, override_settings
 from django.test.client import encode_multipart
 
@@ -247,3 +249,51 @@ def test_a_content_length_that_is_not_a_number_is_read_as_django_reads_it(method
 
     assert first.status_code == 201, first.content
     assert json.loads(first.content)["fields"] == {}
+
+
+# The CSRF token is not part of the request: a form re-rendered after a validation error carries
+# a new one, and its retry with the same key and fields is the same request.
+
+
+@pytest.mark.parametrize("encoding", ["urlencoded", "multipart"])
+def test_a_form_posted_again_with_a_new_csrf_token_replays(client: Client, encoding: str) -> None:
+    def post(token: str, note: str = "a") -> Any:
+        fields = {"note": note, "csrfmiddlewaretoken": token}
+        if encoding == "urlencoded":
+            return client.post(
+                URL,
+                urlencode(fields),
+                content_type="application/x-www-form-urlencoded",
+                headers={"Idempotency-Key": "form-1"},
+            )
+        return client.post(URL, fields, headers={"Idempotency-Key": "form-1"})
+
+    first = post("first-token")
+    again = post("second-token")
+    other = post("third-token", note="b")
+
+    assert first.status_code == 201, first.content
+    assert again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert_problem(other, 422, "key-reused")
+
+
+def test_behind_drfs_csrf_check_a_new_masked_token_and_header_replay(drf_session: Client) -> None:
+    # Each render of a form masks the session's secret anew: the field and the X-CSRFToken
+    # header differ on the retry, and CSRF accepts both.
+    def post(token: str) -> Any:
+        body = encode_multipart("b", {"note": "a", "csrfmiddlewaretoken": token})
+        return drf_session.post(
+            "/viewset/uploads/",
+            body,
+            content_type="multipart/form-data; boundary=b",
+            headers={"Idempotency-Key": "form-2", "X-CSRFToken": token},
+        )
+
+    first = post(_mask_cipher_secret(CSRF_TOKEN))
+    again = post(_mask_cipher_secret(CSRF_TOKEN))
+
+    assert first.status_code == 201, first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1

@@ -109,18 +109,20 @@ def test_a_malformed_multipart_body_is_400_not_500(client: Client) -> None:
     assert not IdempotencyRecord.objects.exists()
 
 
-# A forgotten `migrate`: the 503 says why in the log.
+# A forgotten `migrate`: a deployment error, not an outage. A 500 without Retry-After (a 503
+# with one would have clients retry for ever), and the log gives the command.
 
 
 @pytest.mark.usefixtures("records_table_missing")
 @pytest.mark.parametrize("url", [URL, "/viewset/charges/"])
-def test_a_missing_records_table_is_503_and_the_log_says_run_migrate(
+def test_a_missing_records_table_is_500_without_retry_after_and_the_log_says_run_migrate(
     client: Client, caplog: pytest.LogCaptureFixture, url: str
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="django_idempotency"):
         response = post(client, url)
 
-    assert_problem(response, 503, "store-unavailable")
+    assert_problem(response, 500, "store-misconfigured")
+    assert "Retry-After" not in response
     assert Charge.objects.count() == 0
     ours = [record for record in caplog.records if record.name == "django_idempotency"]
     assert [record.getMessage() for record in ours] == [

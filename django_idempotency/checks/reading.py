@@ -11,6 +11,7 @@ from django.core.checks import Error
 from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency.checks.ids import (
+    UNKNOWN_METHOD,
     UNRESOLVABLE_PATH,
 )
 
@@ -34,6 +35,26 @@ def _load(name: str, load: Callable[[], Any], hint: str) -> Any:
         ours = isinstance(exc, ImproperlyConfigured) and str(exc).startswith(name)
         message = str(exc) if ours else f"{name} = {_setting(name)!r} cannot be imported: {exc!r}"
     return Error(message, hint=hint, id=UNRESOLVABLE_PATH)
+
+
+# The methods a Django view can handle (View.http_method_names): any other name is a typo that
+# leaves the method it meant unguarded.
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE")
+
+
+def unknown_methods(where: str, methods: Any) -> list[Error]:
+    """An error per name in `methods` (a name or a sequence of names) that is no HTTP method."""
+    names = [methods] if isinstance(methods, str) else methods
+    return [
+        Error(
+            f"{where} lists {name!r}, which is not an HTTP method: the method meant is not"
+            " guarded.",
+            hint=f"Spell it as one of {', '.join(HTTP_METHODS)} (PATCH, not PATHC).",
+            id=UNKNOWN_METHOD,
+        )
+        for name in names
+        if isinstance(name, str) and name.upper() not in HTTP_METHODS
+    ]
 
 
 def _seconds(value: timedelta) -> str:

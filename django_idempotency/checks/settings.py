@@ -29,7 +29,7 @@ from django_idempotency.checks.ids import (
     TTL_SHORTER_THAN_LEASE,
     UNKNOWN_SETTING,
 )
-from django_idempotency.checks.reading import _UNSET, _load, _seconds, _setting
+from django_idempotency.checks.reading import _UNSET, _load, _seconds, _setting, unknown_methods
 from django_idempotency.checks.stores import (
     _atomic_setting_on_lease_only_store,
     _cache,
@@ -184,12 +184,22 @@ def _collections() -> Iterable[CheckMessage]:
             hint='For example IDEMPOTENCY_METHODS = ("POST", "PATCH").',
             id=INVALID_COLLECTION,
         )
+    elif methods is not _UNSET:
+        yield from unknown_methods("IDEMPOTENCY_METHODS", methods)
     ignored = _setting("IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS")
     if ignored is not _UNSET and not _strings(ignored, bare_string_allowed=False):
         yield Error(
             f"IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS = {ignored!r} is not a collection of field"
             " names.",
             hint='Use a list or tuple, e.g. IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS = ["nonce"]:'
+            " a bare string would count as its single characters.",
+            id=INVALID_COLLECTION,
+        )
+    exempt = _setting("IDEMPOTENCY_EXEMPT_VIEWS")
+    if exempt is not _UNSET and not _strings(exempt, bare_string_allowed=False):
+        yield Error(
+            f"IDEMPOTENCY_EXEMPT_VIEWS = {exempt!r} is not a collection of dotted paths.",
+            hint='Use a list, e.g. IDEMPOTENCY_EXEMPT_VIEWS = ["accounts.views.SignInView"]:'
             " a bare string would count as its single characters.",
             id=INVALID_COLLECTION,
         )

@@ -18,6 +18,7 @@ from django_idempotency.checks.ids import (
     ATOMIC_ON_LEASE_ONLY_STORE,
     DISABLED_IN_DEPLOYMENT,
     MEMORY_STORE_IN_DEPLOYMENT,
+    MIGRATION_UNAPPLIED,
     NOT_A_STORE,
     SQLITE_IN_DEPLOYMENT,
     TABLE_MISSING,
@@ -33,7 +34,13 @@ from django_idempotency.conf import (
     conf,
     load_callable,
 )
-from django_idempotency.schema import missing_table, missing_table_message, records_database
+from django_idempotency.schema import (
+    migrate_hint,
+    missing_table,
+    missing_table_message,
+    records_database,
+    unapplied_migrations,
+)
 from django_idempotency.stores.base import BaseStore
 from django_idempotency.stores.database import DatabaseStore, records_alias
 from django_idempotency.stores.memory import MemoryStore
@@ -209,16 +216,31 @@ def check_database(
     databases: Collection[str] | None = None,
     **kwargs: Any,
 ) -> list[CheckMessage]:
-    """`check --database <alias>`: the records table exists where the store looks for it."""
+    """`check --database <alias>`: the records table exists where the store looks for it, and
+    every migration of this app is applied to it."""
     alias = records_database()
-    if not databases or alias is None or alias not in databases or not missing_table(alias):
+    if not databases or alias is None or alias not in databases:
         return []
-    # A warning: `migrate` runs this check too, before it creates the table.
+    # Warnings: `migrate` runs these checks too, before it applies the migrations.
+    if missing_table(alias):
+        return [
+            checks.Warning(
+                missing_table_message(alias),
+                hint="Until it exists every guarded request is refused with 500"
+                " store-misconfigured.",
+                id=TABLE_MISSING,
+            )
+        ]
+    unapplied = unapplied_migrations(alias)
+    if not unapplied:
+        return []
     return [
         checks.Warning(
-            missing_table_message(alias),
-            hint="Until it exists every guarded request is refused with 503 store-unavailable.",
-            id=TABLE_MISSING,
+            f"The database {alias!r} lacks migrations of django_idempotency:"
+            f" {', '.join(unapplied)}.",
+            hint=f"R{migrate_hint(alias)[1:]}: the store's statements expect the schema"
+            " of the last migration.",
+            id=MIGRATION_UNAPPLIED,
         )
     ]
 

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from django.core import checks
 from django.core.checks import CheckMessage, Error
 from django.urls import URLResolver, get_resolver
 
 from django_idempotency.checks.ids import (
     INVALID_VIEW_ATTRIBUTE,
+    MISSPELT_VIEW_ATTRIBUTE,
     MIXIN_AFTER_API_VIEW,
 )
+from django_idempotency.checks.reading import unknown_methods
 from django_idempotency.checks.stores import _atomic_on_lease_only_store, _lease_only_store
 from django_idempotency.contrib.rest_framework.mixins import IdempotencyMixin
 from django_idempotency.http.options import attribute_errors
-from django_idempotency.options import OPTION
+from django_idempotency.options import OPTION, OPTIONS
 
 if TYPE_CHECKING:
     from django.apps import AppConfig
@@ -52,7 +56,41 @@ def check_views(
             )
             for attribute, value, why in attribute_errors(view_class)
         )
+        methods = getattr(view_class, "idempotent_methods", None)
+        if methods is not None:
+            messages.extend(unknown_methods(f"{label}.idempotent_methods", methods))
+        messages.extend(_misspelt_attributes(label, route, view_class))
     return messages
+
+
+# Every idempotency name a view class may define: the options' attributes and hooks, the mixin's
+# methods, and the exemption.
+_VIEW_NAMES = frozenset(
+    {
+        *(option.attribute for option in OPTIONS),
+        *(option.hook for option in OPTIONS),
+        "idempotent_methods",
+        "get_idempotent_methods",
+        "idempotency_exempt",
+        "idempotency_options",  # Set by @idempotent on what it decorates.
+    }
+)
+_PREFIXES = ("idempotency_", "idempotent_", "get_idempotency_", "get_idempotent_")
+
+
+def _misspelt_attributes(label: str, route: str, view_class: type) -> Iterator[CheckMessage]:
+    """A name with this app's prefix that it does not read: a typo, silently ignored."""
+    for name in sorted(dir(view_class)):
+        if name.startswith(_PREFIXES) and name not in _VIEW_NAMES:
+            [closest] = difflib.get_close_matches(name, _VIEW_NAMES, n=1, cutoff=0)
+            yield checks.Warning(
+                f"{label}.{name} (routed at {route!r}) is not an idempotency attribute; did you"
+                f" mean {closest}?",
+                hint=f"Rename it to {closest} if that is what you meant: as written it is"
+                " ignored. An attribute of your own can stay; add this id to"
+                " SILENCED_SYSTEM_CHECKS.",
+                id=MISSPELT_VIEW_ATTRIBUTE,
+            )
 
 
 def _routed_view_classes() -> Iterator[tuple[str, type]]:

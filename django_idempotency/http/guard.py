@@ -15,7 +15,7 @@ from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
 
 from django_idempotency.attempts import FIRST_DELAY, Attempt, next_delay
-from django_idempotency.conf import conf
+from django_idempotency.conf import conf, require_installed
 from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
@@ -136,13 +136,13 @@ class Guard(contextlib.ExitStack):
                 ttl=settings.ttl,
             )
         except StoreUnavailable as exc:
-            problems.log_unreachable(exc)
-            return problems.store_unavailable()
+            return problems.unusable_store(exc)
         except ProgrammingError:
             # PostgreSQL reports a missing table so (SQLite as unreachable, above).
-            if not problems.log_unreachable(None):
+            answer = problems.unusable_store(None)
+            if answer is None:
                 raise
-            return problems.store_unavailable()
+            return answer
         outcome = claim.outcome
         if outcome is Outcome.FRESH:
             return None
@@ -254,6 +254,7 @@ def run(
     """Guard a synchronous view call; one another guard already holds runs as it is."""
     if not conf.ENABLED or not _first_guard(request):
         return call()
+    require_installed()
     with until_sent() as pending:
         response = _run(call, request, options, view, finalize)
     return sent_then(response, pending)
@@ -296,6 +297,7 @@ async def run_async(
     """
     if not conf.ENABLED or not _first_guard(request):
         return await call()
+    require_installed()
     with until_sent() as pending:
         response = await _run_async(call, request, options, view)
     return sent_then(response, pending)

@@ -34,6 +34,9 @@ REQUEST_TOO_LARGE = ProblemKind("request-too-large", 413, "Request body too larg
 IN_PROGRESS = ProblemKind("request-in-progress", 409, "Request in progress")
 KEY_REUSED = ProblemKind("key-reused", 422, "Idempotency key reused for a different request")
 STORE_UNAVAILABLE = ProblemKind("store-unavailable", 503, "Idempotency store unavailable")
+# A deployment error (no records table, a per-process store in another process): no retry can
+# succeed until an operator fixes it, so it is a 500 without Retry-After.
+STORE_MISCONFIGURED = ProblemKind("store-misconfigured", 500, "Idempotency store misconfigured")
 DELIVERY_REJECTED = ProblemKind("delivery-rejected", 400, "Webhook delivery not verified")
 RESPONSE_NOT_STORED = ProblemKind("response-not-stored", 410, "Response too large to replay")
 
@@ -46,6 +49,7 @@ ALL_KINDS = (
     IN_PROGRESS,
     KEY_REUSED,
     STORE_UNAVAILABLE,
+    STORE_MISCONFIGURED,
     DELIVERY_REJECTED,
     RESPONSE_NOT_STORED,
 )
@@ -114,14 +118,34 @@ def store_unavailable() -> ProblemResponse:
     )
 
 
+def store_misconfigured() -> ProblemResponse:
+    """The answer when the store cannot work until the deployment is fixed (the log says how),
+    and so the view was not run. No Retry-After: retrying changes nothing."""
+    return problem_response(
+        STORE_MISCONFIGURED,
+        "The idempotency store is not set up on this server, so the request was not run. The"
+        " server's error log says what its operator must do.",
+    )
+
+
+def unusable_store(exc: Exception | None) -> ProblemResponse | None:
+    """Log why the store failed and answer it: 500 for a deployment error (see
+    `log_unreachable`), else 503 (None when `exc` is None and the table is there: the caller
+    re-raises)."""
+    if log_unreachable(exc):
+        return store_misconfigured()
+    return None if exc is None else store_unavailable()
+
+
 def log_unreachable(exc: Exception | None) -> bool:
-    """Log why the store failed; True when it is because `migrate` has not created its table."""
+    """Log why the store failed; True when it is a deployment error (`migrate` has not created
+    its table, a store that cannot run here) rather than an outage."""
     # Imported here: the models cannot be imported with the package, before apps are ready.
     from django_idempotency.schema import missing_table, missing_table_message, records_database
 
-    if isinstance(exc, StoreNotSupported):  # Its message names the database and what to do.
+    if isinstance(exc, StoreNotSupported):  # Its message says what is wrong and what to do.
         logger.error("Idempotency store unusable: %s", exc)
-        return False
+        return True
     alias = records_database()
     if alias is not None and missing_table(alias):
         logger.error("Idempotency store unusable: %s", missing_table_message(alias))

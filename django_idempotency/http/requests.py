@@ -19,6 +19,9 @@ from django_idempotency.core.fingerprint import (
 from django_idempotency.http import frameworks
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# The form field Django's CSRF protection reads (a name Django fixes, no setting changes it). A
+# form re-rendered after a validation error carries a new token: its retry is the same request.
+CSRF_FIELD = "csrfmiddlewaretoken"
 _FORM = "application/x-www-form-urlencoded"
 _MULTIPART = "multipart/form-data"
 
@@ -89,7 +92,7 @@ def _stream_read(http_request: HttpRequest) -> bool:
 
 def _canonical_form(http_request: HttpRequest) -> bytes:
     """Form fields as Django parses them, with its limit on their number, for every method."""
-    ignore = conf.FINGERPRINT_IGNORE_FIELDS
+    ignore = _ignored_form_fields()
     raw = _readable_body(http_request)
     if http_request.method == "POST" or raw is None:
         data = http_request.POST  # Parsed as for a multipart body (below).
@@ -125,7 +128,12 @@ def _canonical_multipart(http_request: HttpRequest) -> bytes:
                 digest.update(chunk)
             upload.seek(0)  # The view reads the file next.
             files.append((name, upload.name or "", digest.hexdigest()))
-    return canonical_multipart(_pairs(data), files, conf.FINGERPRINT_IGNORE_FIELDS)
+    return canonical_multipart(_pairs(data), files, _ignored_form_fields())
+
+
+def _ignored_form_fields() -> frozenset[str]:
+    """IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS and the CSRF token, which only forms carry."""
+    return frozenset(conf.FINGERPRINT_IGNORE_FIELDS) | {CSRF_FIELD}
 
 
 def _fits_in_memory(http_request: HttpRequest) -> bool:

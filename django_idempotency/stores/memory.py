@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from dataclasses import replace
@@ -14,6 +15,7 @@ from django_idempotency.core.outcomes import (
     Status,
     StoredResponse,
 )
+from django_idempotency.exceptions import StoreNotSupported
 from django_idempotency.stores.base import (
     ALL_AT_DEFAULTS,
     BaseStore,
@@ -35,8 +37,19 @@ class MemoryStore(BaseStore):
     def __init__(self) -> None:
         self.records: dict[Scope, Record] = {}
         self._lock = threading.Lock()
+        # A server's forked worker inherits the store with a copy of its records: each worker
+        # would then claim the same key in its own copy and run the view again.
+        self._pid = os.getpid()
 
     def begin(self, request: ClaimRequest) -> Claim:
+        if os.getpid() != self._pid:
+            raise StoreNotSupported(
+                f"The memory store was created in process {self._pid} and is used in process"
+                f" {os.getpid()} (a forked worker): processes do not share its records, so a"
+                " retry reaching another worker would run the view again. Use the database store"
+                " (the default) or django_idempotency.stores.redis.RedisStore under a server"
+                " with several worker processes."
+            )
         now = request.now
         with self._lock:
             record = self.records.get(request.scope)

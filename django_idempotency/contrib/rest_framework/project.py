@@ -8,6 +8,7 @@ from typing import Any
 
 from django_idempotency.conf import conf
 from django_idempotency.contrib.rest_framework.mixins import IdempotencyMixin
+from django_idempotency.http.exempt import exempt_by_default
 from django_idempotency.http.options import VIEW_ATTRIBUTES, is_exempt
 from django_idempotency.http.requests import SAFE_METHODS
 
@@ -51,10 +52,15 @@ def guarding_all_views() -> bool:
 
 
 def _opted_out(view: Any, request: Any) -> bool:
-    """Exempt (the view, its route or its handler), or guarded by `@idempotent` already."""
+    """Exempt (the view, its route or its handler; a credential view or one that
+    IDEMPOTENCY_EXEMPT_VIEWS names), or guarded by `@idempotent` already."""
     handler = _function(getattr(type(view), request.method.lower(), None))
     route = getattr(request._request.resolver_match, "func", None)
-    return hasattr(handler, "idempotency_options") or is_exempt(view, route, handler)
+    return (
+        hasattr(handler, "idempotency_options")
+        or is_exempt(view, route, handler)
+        or exempt_by_default(view, route)
+    )
 
 
 def _function(handler: Any) -> Any:

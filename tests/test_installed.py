@@ -1,0 +1,119 @@
+"""A project that forgot "django_idempotency" in INSTALLED_APPS is told so, with the fix, by the
+decorator, the mixin and the middleware: not a 500 about a model outside INSTALLED_APPS."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tests
+
+# A fresh interpreter: in this one the app is installed and its model registered already.
+PROBE = """
+import json
+
+import django
+from django.conf import settings
+
+settings.configure(
+    SECRET_KEY="probe",
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "rest_framework"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    ROOT_URLCONF=None,
+    MIDDLEWARE=[],
+)
+django.setup()
+
+from django.http import HttpResponse
+from django.test import Client, override_settings
+from django.urls import path
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency import idempotent
+from django_idempotency.contrib.rest_framework import IdempotencyMixin
+
+answers = {}
+
+
+def attempt(name, action):
+    try:
+        answers[name] = action()
+    except Exception as exc:
+        answers[name] = f"{type(exc).__name__}: {exc}"
+
+
+def decorate():
+    @idempotent
+    def create_order(request):
+        return HttpResponse(status=201)
+
+    return "decorated"
+
+
+def post(url, key):
+    headers = {"Idempotency-Key": key} if key else {}
+    return Client().post(url, {}, headers=headers).status_code
+
+
+class Orders(IdempotencyMixin, APIView):
+    authentication_classes = []
+
+    def post(self, request):
+        return Response(status=201)
+
+
+def plain(request):
+    return HttpResponse(status=201)
+
+
+class MixinURLs:
+    urlpatterns = [path("orders/", Orders.as_view())]
+
+
+class PlainURLs:
+    urlpatterns = [path("orders/", plain)]
+
+
+attempt("decorator", decorate)
+with override_settings(ROOT_URLCONF=MixinURLs):
+    attempt("mixin, keyed", lambda: post("/orders/", "k1"))
+    attempt("mixin, no key", lambda: post("/orders/", None))
+with override_settings(
+    ROOT_URLCONF=PlainURLs, MIDDLEWARE=["django_idempotency.middleware.IdempotencyMiddleware"]
+):
+    attempt("middleware", lambda: post("/orders/", "k1"))
+print(json.dumps(answers))
+"""
+
+
+@pytest.fixture(scope="module")
+def answers() -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(Path(tests.__file__).resolve().parent.parent)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+SAYS = (
+    'ImproperlyConfigured: django_idempotency is not in INSTALLED_APPS: add "django_idempotency"'
+    " to INSTALLED_APPS, then run `python manage.py migrate django_idempotency`."
+)
+
+
+@pytest.mark.parametrize(
+    "entry_point", ["decorator", "mixin, keyed", "mixin, no key", "middleware"]
+)
+def test_each_entry_point_says_the_app_is_not_installed_and_how_to_fix_it(
+    answers: dict[str, Any], entry_point: str
+) -> None:
+    assert answers[entry_point] == SAYS
