@@ -26,8 +26,11 @@ from tests.reliability.harness import (
     wait_until,
 )
 
-LEASE = 4  # Seconds; the killed request's claim blocks retries for this long in lease mode.
-DELAY = 3  # Seconds the provider takes: the worker is killed while it waits.
+LEASE = 8  # Seconds; the killed request's claim blocks retries for this long in lease mode.
+# Seconds the provider takes: the worker is killed while it waits. Long enough that on a loaded
+# machine the test finds the worker and sends its duplicate before the view ends (at 3 s a CI
+# rehearsal sent it late, and the duplicate was replayed, not turned away).
+DELAY = 6
 PATHS = {"atomic": "/api/provider/payments/", "lease": "/api/provider/lease/"}
 NAMESPACES = {"atomic": "provider-payments", "lease": "provider-payments-lease"}
 
