@@ -64,6 +64,9 @@ E018 = "django_idempotency.E018"
 E019 = "django_idempotency.E019"
 E020 = "django_idempotency.E020"
 E021 = "django_idempotency.E021"
+E022 = "django_idempotency.E022"
+# Fernet keys made for these tests only (Fernet.generate_key()).
+FERNET_KEY = "5pHGT1e0MXG1VOi1S9f7Yq3yHo9mB1kYp2lIuJ7vW3k="
 REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
 MEMORY_STORE = "django_idempotency.stores.memory.MemoryStore"
 IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
@@ -439,6 +442,24 @@ FIRES = [
         id="E021-negative",
     ),
     pytest.param(
+        E022,
+        {"IDEMPOTENCY_ENCRYPTION_KEYS": [FERNET_KEY, "hunter2"]},
+        ["IDEMPOTENCY_ENCRYPTION_KEYS[1] is not a Fernet key", "Fernet.generate_key()"],
+        id="E022-not-a-key",
+    ),
+    pytest.param(
+        E022,
+        {"IDEMPOTENCY_ENCRYPTION_KEYS": FERNET_KEY},
+        ["IDEMPOTENCY_ENCRYPTION_KEYS must be a non-empty list of Fernet keys"],
+        id="E022-a-bare-key",
+    ),
+    pytest.param(
+        E022,
+        {"IDEMPOTENCY_ENCRYPTION_KEYS": []},
+        ["IDEMPOTENCY_ENCRYPTION_KEYS must be a non-empty list of Fernet keys"],
+        id="E022-empty",
+    ),
+    pytest.param(
         E002,
         {"IDEMPOTENCY_REDIS_WAIT_TIMEOUT": 0},
         ["IDEMPOTENCY_REDIS_WAIT_TIMEOUT = 0", "more than zero"],
@@ -594,6 +615,11 @@ SILENT = [
     pytest.param(E016, {"IDEMPOTENCY_MAX_STORED_BYTES": 0}, id="E016-zero"),
     pytest.param(E021, {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": 0}, id="E021-zero"),
     pytest.param(E021, {"IDEMPOTENCY_REDIS_WAIT_REPLICAS": 2}, id="E021"),
+    pytest.param(E022, {"IDEMPOTENCY_ENCRYPTION_KEYS": None}, id="E022-in-clear"),
+    pytest.param(E022, {"IDEMPOTENCY_ENCRYPTION_KEYS": [FERNET_KEY]}, id="E022"),
+    pytest.param(
+        E022, {"IDEMPOTENCY_ENCRYPTION_KEYS": [FERNET_KEY.encode(), FERNET_KEY]}, id="E022-bytes"
+    ),
     pytest.param(
         W005,
         {"IDEMPOTENCY_GUARD_ALL_VIEWS": False, "IDEMPOTENCY_ERROR_FORMAT": "drf"},

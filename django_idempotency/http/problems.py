@@ -36,6 +36,9 @@ KEY_REUSED = ProblemKind("key-reused", 422, "Idempotency key reused for a differ
 STORE_UNAVAILABLE = ProblemKind("store-unavailable", 503, "Idempotency store unavailable")
 DELIVERY_REJECTED = ProblemKind("delivery-rejected", 400, "Webhook delivery not verified")
 RESPONSE_NOT_STORED = ProblemKind("response-not-stored", 410, "Response too large to replay")
+RESPONSE_NOT_DECRYPTABLE = ProblemKind(
+    "response-not-decryptable", 410, "Stored response cannot be decrypted"
+)
 
 ALL_KINDS = (
     MISSING_KEY,
@@ -48,6 +51,7 @@ ALL_KINDS = (
     STORE_UNAVAILABLE,
     DELIVERY_REJECTED,
     RESPONSE_NOT_STORED,
+    RESPONSE_NOT_DECRYPTABLE,
 )
 
 
@@ -111,6 +115,16 @@ def store_unavailable() -> ProblemResponse:
         STORE_UNAVAILABLE,
         "The idempotency store cannot be reached, so the request was not run: retry later.",
         retry_after=5,
+    )
+
+
+def not_decryptable(status: int) -> ProblemResponse:
+    """The answer to a retry whose stored response no configured key can decrypt."""
+    return problem_response(
+        RESPONSE_NOT_DECRYPTABLE,
+        f"The first request with this key completed with status {status}, but its stored "
+        "response was encrypted with a key the server no longer has, so it cannot be replayed. "
+        "It was not run again: read its result from the API instead.",
     )
 
 
