@@ -15,8 +15,8 @@ from django.http.response import HttpResponseBase
 from django_idempotency.conf import Mode, OnConflict
 from django_idempotency.http import frameworks, guard
 from django_idempotency.http.options import Options
-from django_idempotency.options import Credentials
 from django_idempotency.http.requests import is_request
+from django_idempotency.options import Credentials
 
 View = TypeVar("View", bound=Callable[..., Any])
 

@@ -169,8 +169,9 @@ def test_a_functions_stored_result_is_encrypted_too() -> None:
     with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[NEW_KEY]):
         first, again = issue("card-1"), issue("card-1")
     held = bytes(IdempotencyRecord.objects.get().response_body)
-    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[OLD_KEY]), pytest.raises(
-        UnreadableResponse, match="no longer in IDEMPOTENCY_ENCRYPTION_KEYS"
+    with (
+        override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[OLD_KEY]),
+        pytest.raises(UnreadableResponse, match="no longer in IDEMPOTENCY_ENCRYPTION_KEYS"),
     ):
         issue("card-1")
 
@@ -214,9 +215,7 @@ def test_the_admin_says_a_body_is_encrypted_and_shows_it_only_with_the_permissio
     encrypted_record: IdempotencyRecord,
 ) -> None:
     viewer = detail(staff("view_idempotencyrecord"), encrypted_record)
-    reader = detail(
-        staff("view_idempotencyrecord", "view_decrypted_response"), encrypted_record
-    )
+    reader = detail(staff("view_idempotencyrecord", "view_decrypted_response"), encrypted_record)
 
     assert "Encrypted at rest. Reading it needs the permission" in viewer
     assert "4242" not in viewer

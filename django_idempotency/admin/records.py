@@ -200,7 +200,7 @@ class IdempotencyRecordAdmin(RecordActions):
         obj = super().get_object(request, object_id, from_field)
         if obj is not None:
             # The detail fields see the record, not the request: tell them who is looking.
-            setattr(obj, "may_decrypt", request.user.has_perm(DECRYPT_PERMISSION))
+            obj.may_decrypt = request.user.has_perm(DECRYPT_PERMISSION)  # type: ignore[attr-defined]
         return obj
 
     @admin.display(description=_("response headers"))

@@ -313,7 +313,7 @@ def _replica_counts() -> Iterable[CheckMessage]:
 def _encryption_keys() -> Iterable[CheckMessage]:
     yield from _refused(
         "ENCRYPTION_KEYS",
-        "For example IDEMPOTENCY_ENCRYPTION_KEYS = [os.environ[\"IDEMPOTENCY_KEY\"]], each key"
+        'For example IDEMPOTENCY_ENCRYPTION_KEYS = [os.environ["IDEMPOTENCY_KEY"]], each key'
         " made by cryptography.fernet.Fernet.generate_key(), the newest first; or remove the"
         " setting to store responses in clear.",
         INVALID_ENCRYPTION_KEYS,

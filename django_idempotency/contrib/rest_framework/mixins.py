@@ -33,8 +33,8 @@ class IdempotencyMixin:
 
     Each ``idempotency_*`` attribute left at None uses its ``IDEMPOTENCY_*`` setting (none for
     ``idempotency_verify`` and ``idempotency_credentials``); a ``get_idempotency_<name>()``
-    method, if the view defines one, gives the value for each request instead. An action decorated with ``@idempotent(...)``
-    keeps its own options and is guarded whatever its method.
+    method, if the view defines one, gives the value for each request instead. An action
+    decorated with ``@idempotent(...)`` keeps its own options and is guarded whatever its method.
     """
 
     idempotent_methods: Sequence[str] | None = None
