@@ -8,6 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, JsonResponse
 from django.test import Client, override_settings
 from django.urls import path
@@ -61,6 +64,8 @@ urlpatterns = [
     path("subclassed-token/", SubclassedTokenView.as_view()),
     path("stored-token/", StoredTokenView.as_view()),
     path("nonce/", SigningKeyView.as_view()),
+    path("admin/", admin.site.urls),
+    path("accounts/login/", LoginView.as_view()),
 ]
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
@@ -176,4 +181,23 @@ def test_a_refused_login_is_released_as_any_4xx(user: Any) -> None:
     )
 
     assert response.status_code == 400
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.parametrize("url", ["/admin/login/", "/accounts/login/"])
+def test_djangos_login_views_under_the_middleware_are_never_stored(url: str) -> None:
+    user = UserFactory(is_staff=True)
+    user.set_password(PASSWORD)
+    user.save()
+    middleware = [*settings.MIDDLEWARE, "django_idempotency.middleware.IdempotencyMiddleware"]
+    client = Client()
+    with override_settings(MIDDLEWARE=middleware):
+        response = client.post(
+            url,
+            {"username": user.username, "password": PASSWORD},
+            headers={"Idempotency-Key": "key-1"},
+        )
+
+    assert response.status_code == 302  # Logged in, with the session's cookie.
+    assert response.cookies[settings.SESSION_COOKIE_NAME].value
     assert not IdempotencyRecord.objects.exists()
