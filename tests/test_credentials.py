@@ -201,3 +201,10 @@ def test_djangos_login_views_under_the_middleware_are_never_stored(url: str) -> 
     assert response.status_code == 302  # Logged in, with the session's cookie.
     assert response.cookies[settings.SESSION_COOKIE_NAME].value
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_a_credentials_value_other_than_release_or_store_is_refused_when_applied() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="credentials must be one of release, store"):
+        idempotent(credentials="keep")  # type: ignore[call-overload]

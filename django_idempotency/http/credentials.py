@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django_idempotency.http.exempt import CREDENTIAL_VIEWS
@@ -25,7 +26,13 @@ def _is_known(view: Any) -> bool:
         if _dotted(view) in _KNOWN:  # A view function, or a bound method (the admin's login).
             return True
         view = type(view)
-    return any(_dotted(cls) in _KNOWN for cls in view.__mro__)
+    return _class_is_known(view)
+
+
+@functools.cache
+def _class_is_known(view_class: type) -> bool:
+    """Looked up once per class: every stored response asks."""
+    return any(_dotted(cls) in _KNOWN for cls in view_class.__mro__)
 
 
 def _dotted(obj: Any) -> str:
