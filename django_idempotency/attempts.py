@@ -18,6 +18,7 @@ from django.utils import timezone
 from django_idempotency import signals
 from django_idempotency.conf import OnConflict, conf
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
+from django_idempotency.encryption import seal, unseal
 from django_idempotency.stores import (
     BaseStore,
     ClaimRequest,
@@ -105,11 +106,16 @@ class Attempt:
     def begin(self, request: ClaimRequest) -> Claim:
         """Claim the key; with on_conflict="wait", retry with backoff until the deadline.
 
-        Raises `StoreUnavailable` when the store cannot be reached.
+        Raises `StoreUnavailable` when the store cannot be reached, and `UnreadableResponse`
+        when the stored response to replay is encrypted with a key no longer configured.
         """
         self.scope = request.scope
         started = time.perf_counter()
         claim = self._begin(request)
+        if claim.response is not None:
+            # Stores and the cache tier only ever hold the sealed form (a copy still pending to
+            # the cache keeps it): opened in a claim of the caller's own.
+            claim = replace(claim, response=unseal(claim.response, conf.ENCRYPTION_KEYS))
         if claim.outcome is Outcome.FRESH:
             self.claim = claim
         if not (self.poll and claim.outcome is Outcome.IN_PROGRESS):
@@ -156,6 +162,8 @@ class Attempt:
         claim, self.claim = self.claim, None
         if claim is None:
             return False
+        # Sealed once, here, so that every store and the cache tier keep the same ciphertext.
+        result = seal(result, conf.ENCRYPTION_KEYS)
         # Our own transaction ends with the completion: the store may commit with it.
         complete = self.store.complete_last if self.owns_transaction else self.store.complete
         delay = 0.05

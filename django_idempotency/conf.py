@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from django_idempotency.core.keys import KEY_FORMATS, KeyFormat
+from django_idempotency.encryption import fernet_for
 
 # Re-exported: the settings share the options' vocabulary and checks, long imported from here.
 from django_idempotency.options import HEADER_NAME as HEADER_NAME
@@ -25,6 +26,7 @@ from django_idempotency.options import to_bool as to_bool
 from django_idempotency.options import to_timedelta as to_timedelta
 
 if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
     from django.http import HttpRequest
 
 # The settings naming a callable or class by its dotted path, and what each defaults to.
@@ -223,6 +225,14 @@ class Settings:
     def MAX_STORED_BYTES(self) -> int | None:
         value = self._get("IDEMPOTENCY_MAX_STORED_BYTES", MAX_STORED_BYTES)
         return to_byte_count(value, "IDEMPOTENCY_MAX_STORED_BYTES")
+
+    @cached_property
+    def ENCRYPTION_KEYS(self) -> MultiFernet | None:
+        """What seals stored responses (newest key first), or None to store them in clear."""
+        value = self._get("IDEMPOTENCY_ENCRYPTION_KEYS", None)
+        if value is None:
+            return None
+        return fernet_for(value, "IDEMPOTENCY_ENCRYPTION_KEYS")
 
     @cached_property
     def GUARD_ALL_VIEWS(self) -> bool:

@@ -16,6 +16,7 @@ from django_idempotency.conf import Mode, OnConflict, require_installed
 from django_idempotency.http import frameworks, guard
 from django_idempotency.http.options import Options
 from django_idempotency.http.requests import is_request
+from django_idempotency.options import Credentials
 
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -34,6 +35,7 @@ def idempotent(
     namespace: str | None = None,
     header: str | None = None,
     verify: Callable[[Any], None] | None = None,
+    credentials: Credentials | None = None,
 ) -> Callable[[View], View]: ...
 
 
@@ -48,6 +50,7 @@ def idempotent(
     namespace: str | None = None,
     header: str | None = None,
     verify: Callable[[Any], None] | None = None,
+    credentials: Credentials | None = None,
 ) -> Any:
     """Run the view once per idempotency key; replay its stored response to every retry.
 
@@ -56,6 +59,9 @@ def idempotent(
     settings. ``header`` reads the key from another header, e.g. ``webhook-id``; ``verify``
     is called with the request before anything is claimed and rejects it by raising
     `DeliveryRejected` (see `django_idempotency.webhooks.StandardWebhooks`).
+    ``credentials="release"`` marks a view whose responses are credentials (a token): its key
+    is given back once it answers, and its response never stored; ``"store"`` stores the
+    response of a credential view all the same.
     """
     options = Options(
         required=required,
@@ -65,6 +71,7 @@ def idempotent(
         namespace=namespace,
         header=header,
         verify=verify,
+        credentials=credentials,
     )
 
     def decorate(func: View) -> View:

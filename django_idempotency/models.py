@@ -89,6 +89,8 @@ class IdempotencyRecord(models.Model):
         db_table = "django_idempotency_record"
         verbose_name = _("idempotency record")
         verbose_name_plural = _("idempotency records")
+        # Encrypted bodies and headers are shown in the admin only to holders of this one.
+        permissions = [("view_decrypted_response", _("Can view decrypted stored responses"))]
         constraints = [
             models.UniqueConstraint(
                 fields=["namespace", "owner", "key"], name="idempotency_record_scope_key_uniq"

@@ -14,8 +14,11 @@ from django_idempotency.core.keys import MAX_NAMESPACE_LENGTH
 
 Mode = Literal["atomic", "lease"]
 OnConflict = Literal["reject", "wait"]
+# What becomes of a response that is a credential (a token, a session): given back, or kept.
+Credentials = Literal["release", "store"]
 MODES: tuple[Mode, ...] = ("atomic", "lease")
 ON_CONFLICT: tuple[OnConflict, ...] = ("reject", "wait")
+CREDENTIALS: tuple[Credentials, ...] = ("release", "store")
 # An RFC 9110 field-name: a token of visible ASCII letters, digits and these symbols.
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _NO_TIME = timedelta(0)  # Built once: a view's ttl is checked on every request.
@@ -70,6 +73,10 @@ def _on_conflict(value: Any) -> str:
     return choice(value, ON_CONFLICT, "on_conflict")
 
 
+def _credentials(value: Any) -> str:
+    return choice(value, CREDENTIALS, "credentials")
+
+
 def _namespace(value: Any) -> str:
     if isinstance(value, str) and len(value) <= MAX_NAMESPACE_LENGTH:
         return value
@@ -122,6 +129,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("namespace", setting="IDEMPOTENCY_NAMESPACE", default="default", check=_namespace),
     Option("header", setting="IDEMPOTENCY_HEADER", default="Idempotency-Key", check=_header),
     Option("verify", setting=None, default=None, check=_verify),
+    # None: "release" for the views of `http.exempt.CREDENTIAL_VIEWS`, the others store.
+    Option("credentials", setting=None, default=None, check=_credentials),
 )
 OPTION = {option.name: option for option in OPTIONS}
 

@@ -23,6 +23,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework.authtoken",  # Its token view: a credential view the guard never stores.
     "django_idempotency",
     "tests",
     "testproject.payments",  # The demo's examples are tested against the test database too.

@@ -67,6 +67,9 @@ E021 = "django_idempotency.E021"
 W007 = "django_idempotency.W007"
 E022 = "django_idempotency.E022"
 W008 = "django_idempotency.W008"
+E023 = "django_idempotency.E023"
+# Fernet keys made for these tests only (Fernet.generate_key()).
+FERNET_KEY = "5pHGT1e0MXG1VOi1S9f7Yq3yHo9mB1kYp2lIuJ7vW3k="
 REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
 MEMORY_STORE = "django_idempotency.stores.memory.MemoryStore"
 IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
@@ -499,6 +502,24 @@ FIRES = [
         id="W008-methods",
     ),
     pytest.param(
+        E023,
+        {"IDEMPOTENCY_ENCRYPTION_KEYS": [FERNET_KEY, "hunter2"]},
+        ["IDEMPOTENCY_ENCRYPTION_KEYS[1] is not a Fernet key", "Fernet.generate_key()"],
+        id="E023-not-a-key",
+    ),
+    pytest.param(
+        E023,
+        {"IDEMPOTENCY_ENCRYPTION_KEYS": FERNET_KEY},
+        ["IDEMPOTENCY_ENCRYPTION_KEYS must be a non-empty list of Fernet keys"],
+        id="E023-a-bare-key",
+    ),
+    pytest.param(
+        E023,
+        {"IDEMPOTENCY_ENCRYPTION_KEYS": []},
+        ["IDEMPOTENCY_ENCRYPTION_KEYS must be a non-empty list of Fernet keys"],
+        id="E023-empty",
+    ),
+    pytest.param(
         E002,
         {"IDEMPOTENCY_REDIS_WAIT_TIMEOUT": 0},
         ["IDEMPOTENCY_REDIS_WAIT_TIMEOUT = 0", "more than zero"],
@@ -660,6 +681,11 @@ SILENT = [
     pytest.param(E022, {"IDEMPOTENCY_METHODS": ["post", "PUT", "delete"]}, id="E022-setting"),
     pytest.param(E022, {"ROOT_URLCONF": ValidAttributes}, id="E022-view"),
     pytest.param(W008, {"ROOT_URLCONF": "tests.urls"}, id="W008-test-urls"),
+    pytest.param(E023, {"IDEMPOTENCY_ENCRYPTION_KEYS": None}, id="E023-in-clear"),
+    pytest.param(E023, {"IDEMPOTENCY_ENCRYPTION_KEYS": [FERNET_KEY]}, id="E023"),
+    pytest.param(
+        E023, {"IDEMPOTENCY_ENCRYPTION_KEYS": [FERNET_KEY.encode(), FERNET_KEY]}, id="E023-bytes"
+    ),
     pytest.param(
         W005,
         {"IDEMPOTENCY_GUARD_ALL_VIEWS": False, "IDEMPOTENCY_ERROR_FORMAT": "drf"},
@@ -949,7 +975,7 @@ def test_an_unapplied_migration_is_reported_by_check_database() -> None:
     assert message.level == WARNING
     assert message.msg == (
         "The database 'default' lacks migrations of django_idempotency:"
-        " 0003_binary_scope_on_mariadb."
+        " 0003_binary_scope_on_mariadb, 0004_decrypted_response_permission."
     )
     assert str(message.hint).startswith("Run `python manage.py migrate django_idempotency`")
 

@@ -37,6 +37,7 @@ OPTIONAL_MODULES = (
     "drf_spectacular",
     "prometheus_client",
     "standardwebhooks",
+    "cryptography",
 )
 
 # Runs in a fresh interpreter: None in sys.modules makes `import x` raise ModuleNotFoundError and
@@ -132,6 +133,22 @@ def test_every_module_outside_contrib_imports_without_optional_dependencies(
     }
     assert expected <= set(probe["imported"])
     assert probe["loaded"] == []
+
+
+def test_encryption_keys_without_cryptography_say_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test import override_settings
+
+    from django_idempotency.conf import conf
+
+    monkeypatch.setitem(sys.modules, "cryptography.fernet", None)  # As if not installed.
+    with (
+        override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=["a key"]),
+        pytest.raises(ImproperlyConfigured, match=r"django-idempotency\[encryption\]"),
+    ):
+        assert conf.ENCRYPTION_KEYS is None  # Not reached: reading the setting raises.
 
 
 def test_the_celery_task_is_not_defined_without_celery(probe: dict[str, Any]) -> None:

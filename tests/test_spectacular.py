@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from django.conf import settings
 from django.test import override_settings
 from django.urls import URLPattern, URLResolver, include, path
@@ -211,6 +212,9 @@ def test_the_problems_list_what_the_guard_can_answer() -> None:
     ]
     assert slugs(required, "409") == ["request-in-progress"]
     assert slugs(required, "410") == ["response-not-stored"]  # IDEMPOTENCY_MAX_STORED_BYTES
+    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[Fernet.generate_key()]):
+        encrypted = local_schema()["paths"]["/keyed/"]["post"]
+    assert slugs(encrypted, "410") == ["response-not-stored", "response-not-decryptable"]
     assert slugs(required, "422") == ["key-reused"]
     example = required["responses"]["422"]["content"][PROBLEM]["examples"]["key-reused"]["value"]
     assert example["type"] == BASE_URL + "key-reused"

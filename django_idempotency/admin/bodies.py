@@ -12,7 +12,10 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 
+from django_idempotency.conf import conf
 from django_idempotency.core.fingerprint import is_json_media_type
+from django_idempotency.core.outcomes import StoredResponse
+from django_idempotency.encryption import UnreadableResponse, is_sealed, unseal
 from django_idempotency.models import IdempotencyRecord
 
 if TYPE_CHECKING:
@@ -34,11 +37,65 @@ def _header_pairs(obj: IdempotencyRecord) -> list[tuple[str, str]]:
     return [(str(pair[0]), str(pair[1])) for pair in headers if len(pair) == 2]
 
 
-def _content_type(obj: IdempotencyRecord) -> str:
-    for name, value in _header_pairs(obj):
+# Who may read a response stored encrypted (IDEMPOTENCY_ENCRYPTION_KEYS) in the admin.
+DECRYPT_PERMISSION = "django_idempotency.view_decrypted_response"
+
+
+def _content_type(headers: list[tuple[str, str]]) -> str:
+    for name, value in headers:
         if name.lower() == "content-type":
             return value
     return ""
+
+
+def _stored(obj: IdempotencyRecord) -> StoredResponse:
+    body = obj.response_body
+    return StoredResponse(
+        obj.response_status or 0,
+        _header_pairs(obj),
+        b"" if body is None else bytes(body),
+        obj.response_reason,
+    )
+
+
+def is_encrypted(obj: IdempotencyRecord) -> bool:
+    return is_sealed(_stored(obj))
+
+
+def may_decrypt(obj: IdempotencyRecord) -> bool:
+    """Set by the admin's `get_object` from the viewer's permission; False when unknown."""
+    return getattr(obj, "may_decrypt", False) is True
+
+
+def opened(obj: IdempotencyRecord) -> StoredResponse | None:
+    """The stored response as the view sent it, or None when it is encrypted and the viewer
+    may not read it, or no configured key decrypts it."""
+    stored = _stored(obj)
+    if not is_sealed(stored):
+        return stored
+    if not may_decrypt(obj):
+        return None
+    try:
+        return unseal(stored, conf.ENCRYPTION_KEYS)
+    except UnreadableResponse:
+        return None
+
+
+def encrypted_note(obj: IdempotencyRecord) -> SafeString:
+    """What the admin shows of an encrypted response, in place of it or above it."""
+    if not may_decrypt(obj):
+        text = gettext(
+            "Encrypted at rest. Reading it needs the permission “Can view decrypted stored "
+            "responses”."
+        )
+    elif opened(obj) is None:
+        text = gettext(
+            "Encrypted at rest with a key no longer in IDEMPOTENCY_ENCRYPTION_KEYS: it cannot "
+            "be decrypted."
+        )
+    else:
+        text = gettext("Encrypted at rest; decrypted for you.")
+    return format_html('<p class="idempotency-encrypted">{}</p>', text)
 
 
 def _is_text(media_type: str) -> bool:

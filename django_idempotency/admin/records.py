@@ -24,7 +24,14 @@ from django_idempotency.admin.actions import (
     delete_and_forget,
     purges_outside_the_requests_transaction,
 )
-from django_idempotency.admin.bodies import _content_type, _header_pairs, render_body
+from django_idempotency.admin.bodies import (
+    DECRYPT_PERMISSION,
+    _content_type,
+    encrypted_note,
+    is_encrypted,
+    opened,
+    render_body,
+)
 from django_idempotency.admin.changelist import (
     EstimatedCountPaginator,
     ExpiredFilter,
@@ -189,9 +196,19 @@ class IdempotencyRecordAdmin(RecordActions):
     def lease_holder(self, obj: IdempotencyRecord) -> str:
         return obj.lease_token
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            # The detail fields see the record, not the request: tell them who is looking.
+            obj.may_decrypt = request.user.has_perm(DECRYPT_PERMISSION)  # type: ignore[attr-defined]
+        return obj
+
     @admin.display(description=_("response headers"))
     def headers_table(self, obj: IdempotencyRecord) -> SafeString | None:
-        headers = _header_pairs(obj)
+        response = opened(obj)
+        if response is None:
+            return encrypted_note(obj)
+        headers = response.headers
         if not headers:
             return None
         rows = format_html_join("", "<tr><td>{}</td><td>{}</td></tr>", headers)
@@ -207,4 +224,10 @@ class IdempotencyRecordAdmin(RecordActions):
     def body_preview(self, obj: IdempotencyRecord) -> SafeString | None:
         if obj.response_body is None:
             return None
-        return render_body(bytes(obj.response_body), _content_type(obj))
+        response = opened(obj)
+        if response is None:
+            return encrypted_note(obj)
+        body = render_body(response.body, _content_type(response.headers))
+        if is_encrypted(obj):
+            return format_html("{}{}", encrypted_note(obj), body)
+        return body

@@ -20,6 +20,7 @@ from django_idempotency.checks.ids import (
     INVALID_CHOICE,
     INVALID_COLLECTION,
     INVALID_DURATION,
+    INVALID_ENCRYPTION_KEYS,
     INVALID_HEADER,
     INVALID_REPLICA_COUNT,
     MIDDLEWARE_NOT_LAST,
@@ -71,6 +72,7 @@ def check_settings(
         *_booleans(),
         *_byte_counts(),
         *_replica_counts(),
+        *_encryption_keys(),
         *_unknown_names(),
         *_middleware_order(),
         *_atomic_setting_on_lease_only_store(),
@@ -315,6 +317,16 @@ def _replica_counts() -> Iterable[CheckMessage]:
         "For example IDEMPOTENCY_REDIS_WAIT_REPLICAS = 1 (each claim and stored response on at"
         " least one replica before the request goes on), or 0 (the default) not to wait.",
         INVALID_REPLICA_COUNT,
+    )
+
+
+def _encryption_keys() -> Iterable[CheckMessage]:
+    yield from _refused(
+        "ENCRYPTION_KEYS",
+        'For example IDEMPOTENCY_ENCRYPTION_KEYS = [os.environ["IDEMPOTENCY_KEY"]], each key'
+        " made by cryptography.fernet.Fernet.generate_key(), the newest first; or remove the"
+        " setting to store responses in clear.",
+        INVALID_ENCRYPTION_KEYS,
     )
 
 

@@ -19,8 +19,10 @@ from django_idempotency.conf import conf, require_installed
 from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
+from django_idempotency.encryption import UnreadableResponse
 from django_idempotency.exceptions import DeliveryRejected
 from django_idempotency.http import problems
+from django_idempotency.http.credentials import answers_credentials
 from django_idempotency.http.options import Options, Resolved, resolve
 
 # Defined in problems.py now; still importable from here, where they were.
@@ -67,6 +69,7 @@ class Guard(contextlib.ExitStack):
         self.poll = poll  # An async caller: it does any waiting itself (see `run_async`).
         self.may_wait = False  # The key is in progress, and the view waits for it.
         self.attempt: Attempt | None = None
+        self.settings: Resolved | None = None  # The options in force, once `prepare` read them.
         super().__init__()
 
     def prepare(self) -> HttpResponseBase | None:
@@ -74,7 +77,7 @@ class Guard(contextlib.ExitStack):
         http_request = self.http_request
         if http_request.method in SAFE_METHODS:
             return None
-        settings = resolve(self.options, self.view)
+        settings = self.settings = resolve(self.options, self.view)
         if settings.verify is not None:
             try:
                 settings.verify(self.request)
@@ -143,6 +146,9 @@ class Guard(contextlib.ExitStack):
             if answer is None:
                 raise
             return answer
+        except UnreadableResponse as exc:
+            logger.error("A stored response could not be replayed: %s", exc)
+            return problems.not_decryptable(exc.status)
         outcome = claim.outcome
         if outcome is Outcome.FRESH:
             return None
@@ -187,6 +193,11 @@ class Guard(contextlib.ExitStack):
         ):
             attempt.release()  # Nothing happened: the view's writes go with the claim.
             return response
+        if self._answers_credentials():
+            # A token kept for replays would sit at rest for the whole TTL, and a retry is safe
+            # to run again: it presents the credentials once more and is answered afresh.
+            attempt.release(rollback=False)  # The view did its work; only the claim goes.
+            return response
         limit = conf.MAX_STORED_BYTES
         if limit is not None and len(stored.body) > limit:
             # Releasing the key would let a retry run the view again: keep the outcome instead.
@@ -211,6 +222,13 @@ class Guard(contextlib.ExitStack):
             # given back so that a retry is not held off until the lease ends.
             logger.exception("The response could not be stored; the key was released")
         return response
+
+    def _answers_credentials(self) -> bool:
+        settings = self.settings
+        assert settings is not None
+        match = self.http_request.resolver_match
+        route = None if match is None else match.func
+        return answers_credentials(settings.credentials, self.view, route)
 
     def abort(self) -> None:
         """The view raised: give the key back."""

@@ -11,7 +11,14 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency.conf import conf
-from django_idempotency.options import OPTIONS, Mode, OnConflict, check_options, to_bool
+from django_idempotency.options import (
+    OPTIONS,
+    Credentials,
+    Mode,
+    OnConflict,
+    check_options,
+    to_bool,
+)
 
 # A view's class attributes and the option each stands in for.
 VIEW_ATTRIBUTES = {option.attribute: option.name for option in OPTIONS}
@@ -41,6 +48,7 @@ class Options:
     namespace: str | None = None
     header: str | None = None
     verify: Callable[[Any], None] | None = None
+    credentials: Credentials | None = None
     # Per option, in the order of OPTIONS: its value above, checked and normalised (None: not
     # set), then its `_SOURCES`. Built once, as `resolve` runs on every guarded request.
     plan: tuple[tuple[Any, ...], ...] = field(init=False, repr=False, compare=False)
@@ -62,6 +70,7 @@ class Resolved:
     namespace: str
     header: str
     verify: Callable[[Any], None] | None
+    credentials: Credentials | None  # None: as the view's kind decides (`http.credentials`).
 
 
 def resolve(options: Options, view: Any) -> Resolved:

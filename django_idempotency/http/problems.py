@@ -39,6 +39,9 @@ STORE_UNAVAILABLE = ProblemKind("store-unavailable", 503, "Idempotency store una
 STORE_MISCONFIGURED = ProblemKind("store-misconfigured", 500, "Idempotency store misconfigured")
 DELIVERY_REJECTED = ProblemKind("delivery-rejected", 400, "Webhook delivery not verified")
 RESPONSE_NOT_STORED = ProblemKind("response-not-stored", 410, "Response too large to replay")
+RESPONSE_NOT_DECRYPTABLE = ProblemKind(
+    "response-not-decryptable", 410, "Stored response cannot be decrypted"
+)
 
 ALL_KINDS = (
     MISSING_KEY,
@@ -52,6 +55,7 @@ ALL_KINDS = (
     STORE_MISCONFIGURED,
     DELIVERY_REJECTED,
     RESPONSE_NOT_STORED,
+    RESPONSE_NOT_DECRYPTABLE,
 )
 
 
@@ -135,6 +139,16 @@ def unusable_store(exc: Exception | None) -> ProblemResponse | None:
     if log_unreachable(exc):
         return store_misconfigured()
     return None if exc is None else store_unavailable()
+
+
+def not_decryptable(status: int) -> ProblemResponse:
+    """The answer to a retry whose stored response no configured key can decrypt."""
+    return problem_response(
+        RESPONSE_NOT_DECRYPTABLE,
+        f"The first request with this key completed with status {status}, but its stored "
+        "response was encrypted with a key the server no longer has, so it cannot be replayed. "
+        "It was not run again: read its result from the API instead.",
+    )
 
 
 def log_unreachable(exc: Exception | None) -> bool:

@@ -260,6 +260,8 @@ def _can_answer(kind: problems.ProblemKind, resolved: Resolved) -> bool:
         return resolved.verify is not None
     if kind is problems.RESPONSE_NOT_STORED:
         return conf.MAX_STORED_BYTES is not None
+    if kind is problems.RESPONSE_NOT_DECRYPTABLE:  # Once a key is retired too soon.
+        return conf.ENCRYPTION_KEYS is not None
     if kind is problems.INVALID_OWNER:  # The default owner, a user's primary key, is always valid.
         return conf.OWNER_RESOLVER is not authenticated_user
     return True

@@ -11,7 +11,7 @@ from django_idempotency.decorators import guarded
 from django_idempotency.http.guard import BODY_ERRORS, body_problem
 from django_idempotency.http.options import Options, is_exempt
 from django_idempotency.http.requests import keep_body_readable
-from django_idempotency.options import Mode, OnConflict
+from django_idempotency.options import Credentials, Mode, OnConflict
 from django_idempotency.stores.connections import on_a_live_connection
 
 # The mixin's handlers take every option from the view's attributes and the settings.
@@ -32,9 +32,9 @@ class IdempotencyMixin:
     """Put before the DRF base class: ``class PaymentViewSet(IdempotencyMixin, ModelViewSet)``.
 
     Each ``idempotency_*`` attribute left at None uses its ``IDEMPOTENCY_*`` setting (none for
-    ``idempotency_verify``); a ``get_idempotency_<name>()`` method, if the view defines one,
-    gives the value for each request instead. An action decorated with ``@idempotent(...)``
-    keeps its own options and is guarded whatever its method.
+    ``idempotency_verify`` and ``idempotency_credentials``); a ``get_idempotency_<name>()``
+    method, if the view defines one, gives the value for each request instead. An action
+    decorated with ``@idempotent(...)`` keeps its own options and is guarded whatever its method.
     """
 
     idempotent_methods: Sequence[str] | None = None
@@ -46,6 +46,7 @@ class IdempotencyMixin:
     idempotency_namespace: str | None = None
     idempotency_header: str | None = None
     idempotency_verify: Callable[[Any], None] | None = None
+    idempotency_credentials: Credentials | None = None
 
     def get_idempotent_methods(self) -> frozenset[str]:
         methods = self.idempotent_methods
