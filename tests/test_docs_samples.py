@@ -292,3 +292,24 @@ def test_functions_sample_calls_the_bank_once(scratch: None) -> None:
     assert page["bank"].calls == ["transfer"]  # The sample's own two calls ran.
     assert page["settle_payment"](42) == page["Settlement"](42, "transfer-1")
     assert page["bank"].calls == ["transfer"]
+
+
+DATABASE_NAME = re.compile(r"\b(PostgreSQL|MariaDB|MySQL|SQLite)\b")
+# Words of a statement about which databases are supported (not about one database's behaviour).
+SUPPORT_WORD = re.compile(r"\b(support\w*|neither|nor|production|refused)\b", re.IGNORECASE)
+DATABASES_PAGE = "databases.md"
+
+
+def test_only_the_databases_page_names_the_supported_databases() -> None:
+    """A sentence naming two databases and whether they are supported belongs on one page;
+    the others link to it, so a new database is never listed on some pages and not others."""
+    statements = []
+    for page in sorted(DOCS.glob("*.md")):
+        if page.name in (DATABASES_PAGE, "changelog.md"):  # The changelog is history.
+            continue
+        for paragraph in re.split(r"\n\s*\n", page.read_text(encoding="utf-8")):
+            for sentence in re.split(r"(?<=[.:;])\s+", " ".join(paragraph.split())):
+                named = set(DATABASE_NAME.findall(sentence))
+                if len(named) >= 2 and SUPPORT_WORD.search(sentence):
+                    statements.append(f"{page.name}: {sentence}")
+    assert statements == [], "link to docs/databases.md instead:\n" + "\n".join(statements)
