@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.core import checks
+from django.dispatch import Signal
 from django.test import Client, RequestFactory, override_settings
 from standardwebhooks.webhooks import Webhook
 
+from django_idempotency import signals
 from django_idempotency.conf import _imported
 from django_idempotency.stores import _store_for
 
@@ -28,7 +31,7 @@ FRAGMENT = "<!-- sample: fragment -->"
 MODULE_COMMENT = re.compile(r"#\s*(myproject/\w+)\.py\s*$")
 SCRATCH = "docs_samples"
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,11 @@ def _reader_names() -> dict[str, Any]:
 
 @pytest.fixture
 def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A scratch project: the reader's package `myproject`, gone after the test."""
+    """A scratch project: the reader's package `myproject`, gone after the test, and the
+    admin site and the package's signals as they were (samples register and connect)."""
+    registered = admin.site._registry
+    admin.site._registry = dict(registered)
+    connected = {signal: list(signal.receivers) for signal in _package_signals()}
     package = types.ModuleType("myproject")
     package.__path__ = []
     monkeypatch.setitem(sys.modules, "myproject", package)
@@ -140,6 +147,14 @@ def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Settings name the scratch modules by path: forget what was imported from these.
     _imported.cache_clear()
     _store_for.cache_clear()
+    admin.site._registry = registered
+    for signal, receivers in connected.items():
+        signal.receivers = receivers
+        signal.sender_receivers_cache.clear()
+
+
+def _package_signals() -> list[Signal]:
+    return [value for value in vars(signals).values() if isinstance(value, Signal)]
 
 
 def run_page(sample: Sample) -> dict[str, Any]:
