@@ -280,7 +280,8 @@ def test_without_query_fingerprint_lets_the_query_string_change(
         other = _post(client, "/function/charges/?page=2", {"amount": 6}, "k-query")
 
     assert first.status_code == 201
-    assert (again.status_code, again["Idempotent-Replayed"]) == (201, "true")
+    assert again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
     assert other.status_code == 422  # The body is still in the fingerprint.
 
 
