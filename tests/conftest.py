@@ -228,6 +228,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.OK
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The count of docs samples run (tests/test_docs_samples.py), for the CI log: a sample
+    that stops being collected shows here as a smaller number."""
+    counts = {
+        outcome: sum(
+            "test_docs_samples.py::test_sample_runs[" in report.nodeid
+            for report in terminalreporter.stats.get(outcome, [])
+        )
+        for outcome in ("passed", "failed", "error")
+    }
+    if any(counts.values()):
+        terminalreporter.write_line(
+            f"docs samples run: {sum(counts.values())}, passed: {counts['passed']}"
+        )
+
+
 @pytest.fixture(params=STORE_PARAMS)
 def store(request: pytest.FixtureRequest) -> Iterator[str]:
     """The test runs once per store: the database store (in its default mode), and the Redis

@@ -114,7 +114,9 @@ class Guard(contextlib.ExitStack):
                 f"{MAX_OWNER_LENGTH} characters without NUL bytes: fix what identifies you.",
             )
         scope = Scope(settings.namespace, owner, key)
-        return self._claim(settings, scope, request_fingerprint, http_request.get_full_path())
+        # The path without its query string: the fingerprint decides whether the query matters
+        # (the default one includes it), the path only keeps one endpoint from answering another.
+        return self._claim(settings, scope, request_fingerprint, http_request.path)
 
     def _claim(
         self, settings: Resolved, scope: Scope, request_fingerprint: str, path: str
