@@ -216,6 +216,10 @@ class Settings:
         return to_bool(self._get("IDEMPOTENCY_METRICS", True), "IDEMPOTENCY_METRICS")
 
     @cached_property
+    def TRACING(self) -> bool:
+        return to_bool(self._get("IDEMPOTENCY_TRACING", True), "IDEMPOTENCY_TRACING")
+
+    @cached_property
     def PROBLEM_BASE_URL(self) -> str:
         return str(self._get("IDEMPOTENCY_PROBLEM_BASE_URL", DEFAULT_PROBLEM_BASE_URL))
 

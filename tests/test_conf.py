@@ -63,6 +63,7 @@ def no_idempotency_settings() -> Iterator[None]:
         ("ERROR_FORMAT", "problem"),
         ("GUARD_ALL_VIEWS", False),
         ("ADMIN", True),
+        ("TRACING", True),
         (
             "PROBLEM_BASE_URL",
             "tag:django-idempotency.github.io,2026:",
@@ -116,6 +117,7 @@ def test_test_settings_wait_timeout_is_read_from_django_settings() -> None:
         ),
         ("IDEMPOTENCY_DOCS_URL", "https://x.test/errors", "DOCS_URL", "https://x.test/errors"),
         ("IDEMPOTENCY_DOCS_URL", None, "DOCS_URL", None),
+        ("IDEMPOTENCY_TRACING", False, "TRACING", False),
     ],
 )
 def test_override_settings_applies_on_every_access(

@@ -37,6 +37,7 @@ OPTIONAL_MODULES = (
     "drf_spectacular",
     "prometheus_client",
     "standardwebhooks",
+    "opentelemetry",
 )
 
 # Runs in a fresh interpreter: None in sys.modules makes `import x` raise ModuleNotFoundError and
@@ -159,6 +160,7 @@ def test_contrib_packages_fail_only_for_their_missing_dependency(probe: dict[str
         ("drf_spectacular", "spectacular"),
         ("rest_framework.errors", "drf"),
         ("redis_cluster", "redis"),
+        ("opentelemetry", "otel"),
     ],
 )
 def test_a_contrib_module_without_its_extra_names_the_extra_to_install(
