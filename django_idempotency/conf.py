@@ -33,8 +33,8 @@ DEFAULT_PATHS = {
     "FINGERPRINT": "django_idempotency.http.requests.request_fingerprint",
     "STORE": "django_idempotency.stores.database.DatabaseStore",
 }
-ErrorFormat = Literal["problem", "drf"]
-ERROR_FORMATS: tuple[ErrorFormat, ...] = ("problem", "drf")
+ErrorFormat = Literal["problem", "drf", "ninja"]
+ERROR_FORMATS: tuple[ErrorFormat, ...] = ("problem", "drf", "ninja")
 # RFC 4151 tag URIs name each problem type without promising a page behind it (RFC 9457 3.1.1).
 DEFAULT_PROBLEM_BASE_URL = "tag:django-idempotency.github.io,2026:"
 # The page each problem response links to (`Link: <…#slug>; rel="describedby"`): the

@@ -38,6 +38,7 @@ OPTIONAL_MODULES = (
     "prometheus_client",
     "standardwebhooks",
     "opentelemetry",
+    "ninja",
 )
 
 # Runs in a fresh interpreter: None in sys.modules makes `import x` raise ModuleNotFoundError and
@@ -161,6 +162,7 @@ def test_contrib_packages_fail_only_for_their_missing_dependency(probe: dict[str
         ("rest_framework.errors", "drf"),
         ("redis_cluster", "redis"),
         ("opentelemetry", "otel"),
+        ("ninja", "ninja"),
     ],
 )
 def test_a_contrib_module_without_its_extra_names_the_extra_to_install(
