@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.core.cache import cache
 from django.db import connections
 from django.http import HttpRequest
 from django.test import Client, override_settings
 from ninja import NinjaAPI, Schema
 from ninja.security import APIKeyHeader
 from ninja.testing import TestAsyncClient, TestClient
+from ninja.throttling import AnonRateThrottle
 
 from django_idempotency.contrib.ninja import idempotent
 from django_idempotency.core.outcomes import Scope
@@ -176,6 +178,7 @@ def test_ninja_test_client_replays_and_a_replay_still_needs_ninjas_auth() -> Non
     assert calls == ["good"]
 
 
+@pytest.mark.django_db(transaction=True)  # Its writes are made on the shared sync thread.
 def test_ninja_async_test_client_replays() -> None:
     calls.clear()
     client = TestAsyncClient(local_api)
@@ -289,3 +292,48 @@ def test_the_http_table_through_a_real_server(live_server: Any) -> None:
     )
     assert (conflict[0], conflict[1]["Retry-After"]) == (409, "1")
     assert Payment.objects.count() == 1
+
+
+# Ninja's throttles and validation around the guard.
+
+limited_api = NinjaAPI(urls_namespace="idempotency-tests-throttled")
+
+
+@limited_api.post("/transfers", throttle=AnonRateThrottle("2/m"), openapi_extra={"x-team": "pay"})
+@idempotent(namespace="transfers")
+def transfer(request: HttpRequest, payload: Refund) -> dict[str, Any]:
+    calls.append("transfer")
+    return {"moved": payload.amount}
+
+
+def test_a_throttle_counts_each_request_once_and_applies_to_replays_too() -> None:
+    cache.clear()  # Ninja's throttle history.
+    calls.clear()
+    client = TestClient(limited_api)
+    headers = {"Idempotency-Key": "t-1"}
+
+    answers = [client.post("/transfers", json={"amount": 1}, headers=headers) for _ in range(3)]
+
+    assert [answer.status_code for answer in answers] == [200, 200, 429]
+    assert answers[1]["Idempotent-Replayed"] == "true"
+    assert calls == ["transfer"]
+
+
+def test_input_ninja_refuses_releases_the_key_for_a_corrected_retry() -> None:
+    cache.clear()
+    client = TestClient(limited_api)
+    headers = {"Idempotency-Key": "t-2"}
+
+    refused = client.post("/transfers", json={"amount": "many"}, headers=headers)
+    corrected = client.post("/transfers", json={"amount": "many"}, headers=headers)
+
+    assert refused.status_code == corrected.status_code == 422
+    assert not corrected.has_header("Idempotent-Replayed")  # Nothing was stored to replay.
+    assert not [record for record in stored() if record.namespace == "transfers"]
+
+
+def test_an_operations_own_openapi_extra_is_kept() -> None:
+    operation = operation_schema(limited_api, "/transfers")
+
+    assert operation["x-team"] == "pay"
+    assert operation["x-idempotency"]["header"] == "Idempotency-Key"
