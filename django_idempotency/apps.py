@@ -46,3 +46,9 @@ class IdempotencyConfig(AppConfig):
             from django_idempotency.contrib import prometheus
 
             prometheus.install()
+
+        if importlib.util.find_spec("opentelemetry") is not None:
+            # Imported only when opentelemetry-api is there; spans need a configured SDK.
+            from django_idempotency.contrib import opentelemetry
+
+            opentelemetry.install()

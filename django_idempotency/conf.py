@@ -35,10 +35,15 @@ DEFAULT_PATHS = {
     "FINGERPRINT": "django_idempotency.http.requests.request_fingerprint",
     "STORE": "django_idempotency.stores.database.DatabaseStore",
 }
-ErrorFormat = Literal["problem", "drf"]
-ERROR_FORMATS: tuple[ErrorFormat, ...] = ("problem", "drf")
+ErrorFormat = Literal["problem", "drf", "ninja"]
+ERROR_FORMATS: tuple[ErrorFormat, ...] = ("problem", "drf", "ninja")
 # RFC 4151 tag URIs name each problem type without promising a page behind it (RFC 9457 3.1.1).
 DEFAULT_PROBLEM_BASE_URL = "tag:django-idempotency.github.io,2026:"
+# The page each problem response links to (`Link: <…#slug>; rel="describedby"`): the
+# project's published Errors page, each of whose sections is anchored by its slug.
+DEFAULT_DOCS_URL = (
+    "https://github.com/django-idempotency/django-idempotency/blob/main/docs/errors.md"
+)
 MAX_STORED_BYTES = 1024 * 1024  # A response body larger than this is not kept for replays.
 
 
@@ -213,8 +218,22 @@ class Settings:
         return to_bool(self._get("IDEMPOTENCY_METRICS", True), "IDEMPOTENCY_METRICS")
 
     @cached_property
+    def TRACING(self) -> bool:
+        return to_bool(self._get("IDEMPOTENCY_TRACING", True), "IDEMPOTENCY_TRACING")
+
+    @cached_property
     def PROBLEM_BASE_URL(self) -> str:
         return str(self._get("IDEMPOTENCY_PROBLEM_BASE_URL", DEFAULT_PROBLEM_BASE_URL))
+
+    @cached_property
+    def DOCS_URL(self) -> str | None:
+        value = self._get("IDEMPOTENCY_DOCS_URL", DEFAULT_DOCS_URL)
+        if value is not None and not (isinstance(value, str) and value):
+            raise ImproperlyConfigured(
+                f"IDEMPOTENCY_DOCS_URL must be the address of a page documenting the errors "
+                f"(or None for no link), not {value!r}."
+            )
+        return value
 
     @cached_property
     def ERROR_FORMAT(self) -> ErrorFormat:

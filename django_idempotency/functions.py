@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency.attempts import Attempt
+from django_idempotency.attempts import FIRST_DELAY, Attempt, next_delay
 from django_idempotency.conf import conf
 from django_idempotency.core.fingerprint import canonical_json, fingerprint
 from django_idempotency.core.keys import (
@@ -20,7 +23,7 @@ from django_idempotency.core.keys import (
     MAX_OWNER_LENGTH,
     InvalidKey,
 )
-from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
+from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
 from django_idempotency.exceptions import KeyInProgress, KeyMismatch
 from django_idempotency.options import Mode, OnConflict, check_options, to_timedelta
 from django_idempotency.results import ResultSerializer, serializer_for
@@ -78,28 +81,83 @@ def run_once(
     """
     mode = options.mode or conf.MODE
     on_conflict = options.on_conflict or conf.ON_CONFLICT
-    ttl = conf.TTL if options.ttl is None else to_timedelta(options.ttl, "ttl")
     with Attempt(atomic=mode == "atomic", on_conflict=on_conflict) as attempt:
         claim = attempt.claim_key(
-            call.scope, call.fingerprint, method=call.method, path=call.label, ttl=ttl
+            call.scope, call.fingerprint, method=call.method, path=call.label, ttl=_ttl(options)
         )
-        if claim.outcome is Outcome.REPLAY:
-            assert claim.response is not None
-            return serializer.loads(claim.response.body)
-        if claim.outcome is Outcome.MISMATCH:
-            raise KeyMismatch(
-                f"The key {call.scope.key!r} of {call.label} was already used with a different "
-                "payload: use a new key for new work."
-            )
-        if claim.outcome is Outcome.IN_PROGRESS:
-            raise KeyInProgress(
-                f"{call.label} is still running with the key {call.scope.key!r}: try again once "
-                "it has finished, or use on_conflict='wait'."
-            )
+        if claim.outcome is not Outcome.FRESH:
+            return _answer(call, claim, serializer)
         result = work()
-        body = serializer.dumps(result)
-        attempt.complete(StoredResponse(200, [("Content-Type", serializer.content_type)], body))
+        attempt.complete(_stored(result, serializer))
         return result
+
+
+async def run_once_async(
+    call: Call,
+    work: Callable[[], Awaitable[Any]],
+    options: RunOptions,
+    serializer: ResultSerializer,
+) -> Any:
+    """`run_once` for a coroutine function: the store is called through `sync_to_async`.
+
+    A transaction cannot stay open across awaits, so the claim is leased whatever the mode (as
+    for an async view); on_conflict="wait" sleeps with asyncio.sleep between tries, so that the
+    event loop and Django's one shared sync thread stay free for the call it waits for.
+    """
+    on_conflict = options.on_conflict or conf.ON_CONFLICT
+    polls = on_conflict == "wait"
+    deadline = time.monotonic() + conf.WAIT_TIMEOUT.total_seconds()
+    started = time.perf_counter()
+    delay = FIRST_DELAY
+    while True:
+        attempt = Attempt(atomic=False, on_conflict=on_conflict, poll=polls)
+        claim = await sync_to_async(attempt.claim_key)(
+            call.scope, call.fingerprint, method=call.method, path=call.label, ttl=_ttl(options)
+        )
+        if not (polls and claim.outcome is Outcome.IN_PROGRESS):
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            await sync_to_async(attempt.announce_conflict)(time.perf_counter() - started)
+            break
+        await asyncio.sleep(min(delay, remaining))
+        delay = next_delay(delay)
+    if claim.outcome is not Outcome.FRESH:
+        return _answer(call, claim, serializer)
+    try:
+        result = await work()
+        stored = _stored(result, serializer)
+    except BaseException:
+        await sync_to_async(attempt.abort)()
+        raise
+    await sync_to_async(attempt.complete)(stored)
+    return result
+
+
+def _ttl(options: RunOptions) -> timedelta:
+    return conf.TTL if options.ttl is None else to_timedelta(options.ttl, "ttl")
+
+
+def _answer(call: Call, claim: Claim, serializer: ResultSerializer) -> Any:
+    """The stored result of a replay; the error of a mismatch or of a call still running."""
+    if claim.outcome is Outcome.REPLAY:
+        assert claim.response is not None
+        return serializer.loads(claim.response.body)
+    if claim.outcome is Outcome.MISMATCH:
+        raise KeyMismatch(
+            f"The key {call.scope.key!r} of {call.label} was already used with a different "
+            "payload: use a new key for new work."
+        )
+    raise KeyInProgress(
+        f"{call.label} is still running with the key {call.scope.key!r}: try again once "
+        "it has finished, or use on_conflict='wait'."
+    )
+
+
+def _stored(result: Any, serializer: ResultSerializer) -> StoredResponse:
+    return StoredResponse(
+        200, [("Content-Type", serializer.content_type)], serializer.dumps(result)
+    )
 
 
 def idempotent_function(
@@ -120,6 +178,10 @@ def idempotent_function(
     is fingerprinted as canonical JSON: a repeat whose payload differs raises `KeyMismatch`. A
     repeat while the first call runs raises `KeyInProgress` (or waits, with
     ``on_conflict="wait"``). The result is stored as JSON (``serializer`` to change that).
+
+    An ``async def`` callable is awaited with the same semantics; its claim is always leased
+    (a transaction cannot stay open across awaits), so ``mode="atomic"`` does not roll its
+    writes back when it raises: the key is released and a retry runs it again.
     """
     options = RunOptions(ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer)
 
@@ -128,6 +190,19 @@ def idempotent_function(
         keys_namespace = namespace_of(namespace, label, "@idempotent_function")
         arguments = CallArguments(func, key=key, owner=owner, payload=payload)
         result_format = lazy_serializer(func, serializer)
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                if not conf.ENABLED:
+                    return await func(*args, **kwargs)
+                call = arguments.call(keys_namespace, label, "CALL", args, kwargs)
+                return await run_once_async(
+                    call, lambda: func(*args, **kwargs), options, result_format()
+                )
+
+            return cast(Func, async_wrapper)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Demo routes: the payments API, its OpenAPI schema and the admin."""
+"""Demo routes: the payments API (DRF and Django Ninja), its OpenAPI schema and the admin."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from testproject.payments import views
+from testproject.payments.ninja_api import api as ninja_api
 
 router = DefaultRouter()
 router.register("payments", views.PaymentViewSet, basename="payment")
@@ -29,4 +30,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("api/", include(router.urls)),
+    # The same payments in Django Ninja (docs/ninja.md).
+    path("ninja/", ninja_api.urls),
 ]

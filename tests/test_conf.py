@@ -63,9 +63,14 @@ def no_idempotency_settings() -> Iterator[None]:
         ("ERROR_FORMAT", "problem"),
         ("GUARD_ALL_VIEWS", False),
         ("ADMIN", True),
+        ("TRACING", True),
         (
             "PROBLEM_BASE_URL",
             "tag:django-idempotency.github.io,2026:",
+        ),
+        (
+            "DOCS_URL",
+            "https://github.com/django-idempotency/django-idempotency/blob/main/docs/errors.md",
         ),
     ],
 )
@@ -110,6 +115,9 @@ def test_test_settings_wait_timeout_is_read_from_django_settings() -> None:
             "PROBLEM_BASE_URL",
             "https://x.test/#",
         ),
+        ("IDEMPOTENCY_DOCS_URL", "https://x.test/errors", "DOCS_URL", "https://x.test/errors"),
+        ("IDEMPOTENCY_DOCS_URL", None, "DOCS_URL", None),
+        ("IDEMPOTENCY_TRACING", False, "TRACING", False),
     ],
 )
 def test_override_settings_applies_on_every_access(
@@ -313,3 +321,12 @@ def test_dotted_paths_are_imported_once_not_on_every_request() -> None:
 
 def a_resolver(request: Any) -> str:
     return "tenant"
+
+
+@pytest.mark.parametrize("value", ["", 42])
+def test_a_docs_url_that_is_no_address_is_refused_saying_what_to_set(value: Any) -> None:
+    with (
+        override_settings(IDEMPOTENCY_DOCS_URL=value),
+        pytest.raises(ImproperlyConfigured, match="IDEMPOTENCY_DOCS_URL must be the address"),
+    ):
+        conf.DOCS_URL  # noqa: B018

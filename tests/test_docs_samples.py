@@ -138,6 +138,10 @@ def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     package = types.ModuleType("myproject")
     package.__path__ = []
     monkeypatch.setitem(sys.modules, "myproject", package)
+    # The deployment's secrets, which samples read from the environment.
+    from cryptography.fernet import Fernet
+
+    monkeypatch.setenv("IDEMPOTENCY_ENCRYPTION_KEY", Fernet.generate_key().decode())
     from testproject.payments.models import Payment
 
     Payment.objects.create(pk=42, amount=1000)  # The payment the samples settle.

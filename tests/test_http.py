@@ -179,3 +179,23 @@ def test_ttl_decides_when_the_record_expires(client: Client, view_kind: ViewKind
 
     record = the_record()
     assert (record.expires_at - record.created_at).total_seconds() == 60
+
+
+@override_settings(IDEMPOTENCY_DOCS_URL="https://api.example.com/docs/idempotency")
+def test_problems_link_to_the_documentation_the_project_names(client: Client) -> None:
+    post(client, ViewKind.FUNCTION.url, {"amount": 10})
+
+    response = post(client, ViewKind.FUNCTION.url, {"amount": 99})
+
+    assert response.status_code == 422
+    assert response["Link"] == (
+        '<https://api.example.com/docs/idempotency#key-reused>; rel="describedby"; type="text/html"'
+    )
+
+
+@override_settings(IDEMPOTENCY_DOCS_URL=None)
+def test_without_a_docs_url_problems_carry_no_link(client: Client) -> None:
+    response = post(client, ViewKind.FUNCTION.url, key="")
+
+    assert response.status_code == 400
+    assert "Link" not in response

@@ -38,6 +38,8 @@ OPTIONAL_MODULES = (
     "prometheus_client",
     "standardwebhooks",
     "cryptography",
+    "opentelemetry",
+    "ninja",
 )
 
 # Runs in a fresh interpreter: None in sys.modules makes `import x` raise ModuleNotFoundError and
@@ -176,6 +178,8 @@ def test_contrib_packages_fail_only_for_their_missing_dependency(probe: dict[str
         ("drf_spectacular", "spectacular"),
         ("rest_framework.errors", "drf"),
         ("redis_cluster", "redis"),
+        ("opentelemetry", "otel"),
+        ("ninja", "ninja"),
     ],
 )
 def test_a_contrib_module_without_its_extra_names_the_extra_to_install(

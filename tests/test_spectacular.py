@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,14 @@ from rest_framework.schemas import openapi as drf_openapi
 from django_idempotency import idempotent
 from django_idempotency.contrib.drf_spectacular.extensions import IdempotentViewExtension
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
+from django_idempotency.http.openapi import duration
 from tests import urls, views
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = "application/problem+json"
 PROBLEM_REF = {"$ref": "#/components/schemas/IdempotencyProblem"}
 BASE_URL = "tag:django-idempotency.github.io,2026:"
+DOCS_URL = "https://github.com/django-idempotency/django-idempotency/blob/main/docs/errors.md"
 
 
 class ChargeSerializer(serializers.Serializer):
@@ -259,8 +262,42 @@ def test_success_responses_document_the_replay_header() -> None:
 
     replayed = responses["201"]["headers"]["Idempotent-Replayed"]
     assert replayed["schema"] == {"type": "string", "enum": ["true"]}
-    assert "headers" not in responses["422"]
+    assert set(responses["422"]["headers"]) == {"Link"}  # No replay header on a problem.
     assert responses["409"]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+
+
+def test_each_operation_publishes_its_expiry_as_the_ietf_draft_asks() -> None:
+    paths = charges_schema()["paths"]
+    operation = paths["/viewset/charges/"]["post"]
+
+    assert "A key expires 24 hours after its first request" in header(operation)["description"]
+    assert operation["x-idempotency"] == {
+        "header": "Idempotency-Key",
+        "required": False,
+        "expiry": 86400,
+        "documentation": DOCS_URL,
+    }
+    assert "x-idempotency" not in paths["/viewset/charges/"]["get"]
+
+
+@override_settings(IDEMPOTENCY_TTL=90, IDEMPOTENCY_DOCS_URL="https://api.example.com/errors")
+def test_the_expiry_and_the_docs_link_follow_the_settings() -> None:
+    operation = charges_schema()["paths"]["/viewset/charges/"]["post"]
+
+    assert "A key expires 90 seconds after" in header(operation)["description"]
+    assert operation["x-idempotency"]["expiry"] == 90
+    assert operation["x-idempotency"]["documentation"] == "https://api.example.com/errors"
+    for status in ("400", "409", "422"):
+        link = operation["responses"][status]["headers"]["Link"]
+        assert "https://api.example.com/errors" in link["description"]
+
+
+@override_settings(IDEMPOTENCY_DOCS_URL=None)
+def test_without_a_docs_url_no_link_is_documented() -> None:
+    operation = charges_schema()["paths"]["/viewset/charges/"]["post"]
+
+    assert "documentation" not in operation["x-idempotency"]
+    assert all("Link" not in r.get("headers", {}) for r in operation["responses"].values())
 
 
 @pytest.mark.parametrize(("key_format", "expected"), [("uuid", "uuid"), ("uuid_or_ulid", None)])
@@ -385,3 +422,19 @@ def test_the_demo_serves_the_schema_with_the_header_on_payments(tmp_path: Path) 
     assert docs == "200"
     assert_idempotent(paths["/api/payments/"]["post"], required=True)
     assert_untouched(paths["/api/payments/"]["get"])
+
+
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [
+        (1, "1 second"),
+        (90, "90 seconds"),
+        (120, "2 minutes"),
+        (3600, "1 hour"),
+        (86400, "24 hours"),
+        (7 * 86400, "7 days"),
+        (86400 + 1, "86401 seconds"),
+    ],
+)
+def test_the_expiry_is_said_in_its_largest_whole_unit(seconds: int, words: str) -> None:
+    assert duration(timedelta(seconds=seconds)) == words

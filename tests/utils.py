@@ -17,6 +17,8 @@ from django_idempotency.core.fingerprint import canonical_json, fingerprint
 
 # The default problem types: RFC 4151 tag URIs (IDEMPOTENCY_PROBLEM_BASE_URL changes the prefix).
 PROBLEM_TYPE_PREFIX = "tag:django-idempotency.github.io,2026:"
+# Where every problem response links by default (IDEMPOTENCY_DOCS_URL), followed by `#slug`.
+DOCS_URL = "https://github.com/django-idempotency/django-idempotency/blob/main/docs/errors.md"
 
 
 class ViewKind(enum.Enum):
@@ -71,6 +73,8 @@ def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:
     assert problem["status"] == status
     assert problem["type"] == PROBLEM_TYPE_PREFIX + slug
     assert problem["detail"]
+    # The IETF draft asks that the key's errors link to their documentation.
+    assert response["Link"] == f'<{DOCS_URL}#{slug}>; rel="describedby"; type="text/html"'
     return problem  # type: ignore[no-any-return]
 
 

@@ -278,7 +278,15 @@ def _callables() -> Iterable[CheckMessage]:
 
 
 # Settings that are switches: `bool("false")` is True, so a string is refused, not read.
-_BOOLEANS = ("ENABLED", "REQUIRED", "STORE_SERVER_ERRORS", "METRICS", "GUARD_ALL_VIEWS", "ADMIN")
+_BOOLEANS = (
+    "ENABLED",
+    "REQUIRED",
+    "STORE_SERVER_ERRORS",
+    "METRICS",
+    "TRACING",
+    "GUARD_ALL_VIEWS",
+    "ADMIN",
+)
 
 
 # Names the two packages docs/migration.md covers read; what replaces each one here.

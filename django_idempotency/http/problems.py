@@ -64,8 +64,24 @@ def problem_type(kind: ProblemKind) -> str:
     return conf.PROBLEM_BASE_URL + kind.slug
 
 
+def documentation_url(kind: ProblemKind) -> str | None:
+    """The page documenting the kind (IDEMPOTENCY_DOCS_URL, its section); None: no link."""
+    docs = conf.DOCS_URL
+    return None if docs is None else f"{docs}#{kind.slug}"
+
+
+def documentation_link(kind: ProblemKind) -> str | None:
+    """The `Link` header value the IETF draft asks of an error: where its documentation is."""
+    url = documentation_url(kind)
+    return None if url is None else f'<{url}>; rel="describedby"; type="text/html"'
+
+
 class ProblemResponse(HttpResponse):
-    """A problem+json response that remembers its kind, to be reshaped for DRF on request."""
+    """A problem+json response that remembers its kind, to be reshaped for DRF on request.
+
+    It links to the kind's documentation (`Link: <…>; rel="describedby"`), as the IETF draft
+    asks of the key's errors, whatever its `type`: a tag URI by default, which is no address.
+    """
 
     def __init__(self, kind: ProblemKind, detail: str, retry_after: int | None = None) -> None:
         body = {"type": problem_type(kind), "title": kind.title, "status": kind.status}
@@ -76,6 +92,9 @@ class ProblemResponse(HttpResponse):
         self.retry_after = retry_after
         if retry_after is not None:
             self["Retry-After"] = str(retry_after)
+        link = documentation_link(kind)
+        if link is not None:
+            self["Link"] = link
 
 
 def problem_response(

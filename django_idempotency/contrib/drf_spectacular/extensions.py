@@ -13,21 +13,11 @@ from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.views import APIView
 
-from django_idempotency.conf import conf
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.contrib.rest_framework.project import guarding_all_views, with_mixin
-from django_idempotency.core.keys import MAX_KEY_LENGTH
-from django_idempotency.http import problems
+from django_idempotency.http import openapi
 from django_idempotency.http.options import Options, Resolved, is_exempt, resolve
-from django_idempotency.http.owners import authenticated_user
 from django_idempotency.http.requests import SAFE_METHODS
-from django_idempotency.http.responses import REPLAYED_HEADER
-
-PROBLEM_COMPONENT = "IdempotencyProblem"
-# What the guard answers instead of running the view; its 413 and 503 are left out, as any
-# endpoint can be sent too large a body or find its database down.
-PROBLEM_STATUSES = (400, 409, 410, 422)
-
 
 # The replacement class of each idempotent view (see `IdempotentViewExtension`), one per view
 # class of the URLconf, kept for the life of the process.
@@ -63,7 +53,8 @@ class IdempotentAutoSchema(AutoSchema):
         operation = super().get_operation(path, path_regex, path_prefix, method, registry)
         resolved = self._idempotency()
         if operation is not None and resolved is not None:
-            _document_responses(operation["responses"], resolved, registry)
+            openapi.document_responses(operation["responses"], resolved, _problem_schema(registry))
+            operation[openapi.EXTENSION] = openapi.extension(resolved)
         return operation
 
     def _idempotency(self) -> Resolved | None:
@@ -176,123 +167,21 @@ def _with_schema(handler: Callable[..., Any], schema: type[AutoSchema]) -> Calla
 
 
 def _key_parameter(resolved: Resolved) -> OpenApiParameter:
-    if resolved.required:
-        presence = "Required: a request without it is answered 400."
-    else:
-        presence = "Optional: a request without it runs unprotected."
-    schema: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH}
-    key_format = {"uuid": "uuid", "ulid": "ulid"}.get(conf.KEY_FORMAT or "")
-    if key_format:
-        schema["format"] = key_format
     return OpenApiParameter(
         name=resolved.header,
-        type=schema,
+        type=openapi.key_schema(),
         location=OpenApiParameter.HEADER,
         required=resolved.required,
-        description=(
-            "A unique value for this operation, such as a UUID or a ULID; send the same value "
-            "when retrying it. The first request with a key runs; a retry with the same key and "
-            f"the same request gets the stored response back, with `{REPLAYED_HEADER}: true`, "
-            "and does not run again. The same key with a different request is answered 422; a "
-            f"retry while the first request is still running, 409. {presence}"
-        ),
+        description=openapi.key_description(resolved),
     )
-
-
-def _document_responses(
-    responses: dict[str, Any], resolved: Resolved, registry: ComponentRegistry
-) -> None:
-    for code, response in responses.items():
-        if code.startswith("2"):
-            response.setdefault("headers", {}).setdefault(
-                REPLAYED_HEADER,
-                {
-                    "description": (
-                        "`true` when this is the stored response to an earlier request with "
-                        "the same key, replayed without running the operation again."
-                    ),
-                    "schema": {"type": "string", "enum": ["true"]},
-                },
-            )
-    problem = _problem_schema(registry)
-    for status in PROBLEM_STATUSES:
-        kinds = [kind for kind in problems.ALL_KINDS if kind.status == status]
-        kinds = [kind for kind in kinds if _can_answer(kind, resolved)]
-        if not kinds:
-            continue
-        # A status the operation documents already, e.g. a 400 for validation errors, gains
-        # the problem document as a second content type.
-        response = responses.setdefault(
-            str(status), {"description": "; ".join(kind.title for kind in kinds) + "."}
-        )
-        response.setdefault("content", {}).setdefault(
-            problems.PROBLEM_CONTENT_TYPE,
-            {
-                "schema": problem,
-                "examples": {
-                    kind.slug: {
-                        "summary": kind.title,
-                        "value": {
-                            "type": problems.problem_type(kind),
-                            "title": kind.title,
-                            "status": kind.status,
-                            "detail": "What went wrong with this request and what to do.",
-                        },
-                    }
-                    for kind in kinds
-                },
-            },
-        )
-        if status == problems.IN_PROGRESS.status:
-            response.setdefault("headers", {}).setdefault(
-                "Retry-After",
-                {
-                    "description": "Seconds to wait before sending the request again, same key.",
-                    "schema": {"type": "integer"},
-                },
-            )
-
-
-def _can_answer(kind: problems.ProblemKind, resolved: Resolved) -> bool:
-    if kind is problems.MISSING_KEY:
-        return resolved.required
-    if kind is problems.DELIVERY_REJECTED:
-        return resolved.verify is not None
-    if kind is problems.RESPONSE_NOT_STORED:
-        return conf.MAX_STORED_BYTES is not None
-    if kind is problems.RESPONSE_NOT_DECRYPTABLE:  # Once a key is retired too soon.
-        return conf.ENCRYPTION_KEYS is not None
-    if kind is problems.INVALID_OWNER:  # The default owner, a user's primary key, is always valid.
-        return conf.OWNER_RESOLVER is not authenticated_user
-    return True
 
 
 def _problem_schema(registry: ComponentRegistry) -> dict[str, str]:
     component = ResolvedComponent(  # type: ignore[no-untyped-call]
-        name=PROBLEM_COMPONENT,
+        name=openapi.PROBLEM_COMPONENT,
         type=ResolvedComponent.SCHEMA,
-        object=PROBLEM_COMPONENT,
-        schema={
-            "type": "object",
-            "description": (
-                "An RFC 9457 problem document: the idempotency guard answered the request "
-                "itself, without running the operation."
-            ),
-            "properties": {
-                "type": {
-                    "type": "string",
-                    "format": "uri",
-                    "description": "Identifies the kind of error, stably: match on it.",
-                },
-                "title": {"type": "string", "description": "A short summary of the kind."},
-                "status": {"type": "integer", "description": "The HTTP status code."},
-                "detail": {
-                    "type": "string",
-                    "description": "What went wrong with this request and what to do.",
-                },
-            },
-            "required": ["type", "title", "status", "detail"],
-        },
+        object=openapi.PROBLEM_COMPONENT,
+        schema=openapi.PROBLEM_SCHEMA,
     )
     registry.register_on_missing(component)
     return component.ref

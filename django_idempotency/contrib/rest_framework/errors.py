@@ -9,7 +9,7 @@ try:
 except ModuleNotFoundError as exc:
     raise missing(exc, "drf") from exc
 
-from django_idempotency.http.problems import ProblemResponse, problem_type
+from django_idempotency.http.problems import ProblemResponse, documentation_url, problem_type
 
 
 class IdempotencyProblem(APIException):
@@ -17,7 +17,8 @@ class IdempotencyProblem(APIException):
 
     DRF's exception handler sees the status, ``detail`` and code (the problem's slug, e.g.
     ``"key-reused"``) as for any `APIException`, and turns ``wait`` into ``Retry-After``.
-    ``problem_type`` and ``title`` are there for a handler that wants them.
+    ``problem_type``, ``title`` and ``documentation`` (the page of IDEMPOTENCY_DOCS_URL
+    documenting it, or None) are there for a handler that wants them.
     """
 
     status_code = 400
@@ -30,3 +31,4 @@ class IdempotencyProblem(APIException):
         self.wait = problem.retry_after
         self.problem_type = problem_type(problem.kind)
         self.title = problem.kind.title
+        self.documentation = documentation_url(problem.kind)

@@ -1,0 +1,160 @@
+"""`@idempotent` for Ninja operations: the guard runs after Ninja's auth and throttle checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from ninja.errors import HttpError
+from ninja.operation import Operation
+from ninja.utils import contribute_operation_callback
+
+from django_idempotency.conf import Mode, OnConflict, conf
+from django_idempotency.contrib.ninja.schema import SchemaExtra
+from django_idempotency.http import guard
+from django_idempotency.http.options import Options
+from django_idempotency.http.problems import ProblemResponse
+
+Func = TypeVar("Func", bound=Callable[..., Any])
+
+# Set on the request once Ninja's checks (auth, throttles) passed before the guard: the
+# operation's own run then skips them rather than count a throttle twice.
+_CHECKED = "_idempotency_ninja_checked"
+
+
+def idempotent(
+    *,
+    required: bool | None = None,
+    ttl: timedelta | float | None = None,
+    mode: Mode | None = None,
+    on_conflict: OnConflict | None = None,
+    namespace: str | None = None,
+    header: str | None = None,
+    verify: Callable[[Any], None] | None = None,
+) -> Callable[[Func], Func]:
+    """Run the Ninja operation once per idempotency key; replay its response to every retry.
+
+    Place it above or below ``@api.post(...)`` (or a router's). The options are those of
+    `django_idempotency.idempotent`, falling back on the ``IDEMPOTENCY_*`` settings. The key is
+    checked after Ninja's authentication and throttles, so a replay never skips them; the
+    response stored and replayed is the one Ninja rendered.
+    """
+    options = Options(
+        required=required,
+        ttl=ttl,
+        mode=mode,
+        on_conflict=on_conflict,
+        namespace=namespace,
+        header=header,
+        verify=verify,
+    )
+
+    def decorate(func: Func) -> Func:
+        operation = getattr(func, "_ninja_operation", None)
+        if isinstance(operation, Operation):  # Placed above @api.post: the operation exists.
+            _install(options, operation)
+        else:
+            contribute_operation_callback(func, lambda made: _install(options, made))
+        func.idempotency_options = options  # type: ignore[attr-defined]
+        return func
+
+    return decorate
+
+
+def _install(options: Options, operation: Operation) -> None:
+    """Guard the operation's run; kept through Ninja's copies of it (a router mounted twice),
+    which apply each of ``_run_decorators`` again, as for ``@decorate_view``."""
+    guarding = _guarding(options, operation.openapi_extra)
+    operation.run = guarding(operation.run)  # type: ignore[method-assign]
+    if not hasattr(operation, "_run_decorators"):
+        operation._run_decorators = []  # type: ignore[attr-defined]
+    operation._run_decorators.append(guarding)  # type: ignore[attr-defined]
+
+
+def _guarding(
+    options: Options, own_extra: dict[str, Any] | None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def guarding(run: Callable[..., Any]) -> Callable[..., Any]:
+        operation: Operation = run.__self__  # type: ignore[attr-defined]
+        checks = operation._run_checks
+        # Here, not once: a copy of the operation has a snapshot of the original's.
+        operation.openapi_extra = SchemaExtra(operation, options, own_extra)
+
+        if operation.is_async:
+
+            async def checked_async(request: HttpRequest) -> HttpResponseBase | None:
+                if getattr(request, _CHECKED, False):
+                    return None
+                return await checks(request)  # type: ignore[no-any-return,misc]
+
+            async def run_async(request: HttpRequest, **kw: Any) -> HttpResponseBase:
+                error = await checks(request)  # type: ignore[misc]
+                if error:
+                    return error  # type: ignore[no-any-return]
+                request = as_http_request(request)
+                setattr(request, _CHECKED, True)
+                response = await guard.run_async(lambda: run(request, **kw), request, options)
+                return _shaped(operation, request, response)
+
+            operation._run_checks = checked_async  # type: ignore[assignment,method-assign]
+            return run_async
+
+        def checked(request: HttpRequest) -> HttpResponseBase | None:
+            return None if getattr(request, _CHECKED, False) else checks(request)
+
+        def run_sync(request: HttpRequest, **kw: Any) -> HttpResponseBase:
+            error = checks(request)
+            if error:
+                return error
+            request = as_http_request(request)
+            setattr(request, _CHECKED, True)
+            response = guard.run(lambda: run(request, **kw), request, options)
+            return _shaped(operation, request, response)
+
+        operation._run_checks = checked  # type: ignore[assignment,method-assign]
+        return run_sync
+
+    return guarding
+
+
+def as_http_request(request: HttpRequest) -> HttpRequest:
+    """The request, its header names in `META` as a server writes them.
+
+    Ninja's TestClient puts ``headers={"Idempotency-Key": ...}`` in `META` as
+    ``HTTP_Idempotency_Key``, not upper-cased: the guard, which reads the key from `META`, would
+    find none and run the operation unguarded. Requests from a server are left as they are.
+    """
+    meta = request.META
+    for name in [name for name in meta if name.startswith("HTTP_") and not name.isupper()]:
+        meta.setdefault(name.upper(), meta[name])
+    return request
+
+
+class IdempotencyHttpError(HttpError):
+    """The guard's answer as a Ninja error (IDEMPOTENCY_ERROR_FORMAT = "ninja"), given to the
+    API's exception handlers: by default ``{"detail": "..."}`` with the problem's status.
+
+    ``problem`` is the problem response it replaces: its kind (``problem.kind.slug``), its
+    ``Retry-After`` (``problem.retry_after``) and its documentation link are there for a
+    handler that wants them; the default handler's response gets both headers.
+    """
+
+    def __init__(self, problem: ProblemResponse) -> None:
+        super().__init__(problem.kind.status, problem.detail)
+        self.problem = problem
+
+
+def _shaped(
+    operation: Operation, request: HttpRequest, response: HttpResponseBase
+) -> HttpResponseBase:
+    """The guard's own answer in Ninja's error style when the project asks for it."""
+    if not (isinstance(response, ProblemResponse) and conf.ERROR_FORMAT == "ninja"):
+        return response
+    shaped: HttpResponseBase = operation.api.on_exception(request, IdempotencyHttpError(response))
+    for name in ("Retry-After", "Link"):
+        if name in response and name not in shaped:
+            shaped[name] = response[name]
+    return shaped
