@@ -34,6 +34,19 @@ _SCOPE = ("namespace", "owner", "key")
 # (with the claim's no-wait rule), or a deadlock InnoDB broke by rolling this transaction back.
 MARIADB_LOCK_NOT_GRANTED = (1205, 1213)
 MARIADB_DUPLICATE_KEY = 1062
+# PostgreSQL's SQLSTATEs for the same: lock_not_available (lock_timeout), deadlock_detected.
+_POSTGRESQL_LOCK_NOT_GRANTED = ("55P03", "40P01")
+
+
+def lock_not_granted(exc: BaseException) -> bool:
+    """Whether a database error is a row lock the statement did not get (a lock wait timeout or
+    a deadlock), which is not a lost database."""
+    code = exc.args[0] if exc.args else None
+    if code in MARIADB_LOCK_NOT_GRANTED:
+        return True
+    cause = exc.__cause__  # Django's error wraps the driver's; psycopg 3, psycopg2.
+    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return state in _POSTGRESQL_LOCK_NOT_GRANTED
 
 
 class Dialect:
@@ -186,13 +199,16 @@ class MariaDB(Dialect):
         return f"{self.no_wait}{self.lookup} LOCK IN SHARE MODE"
 
     # Before a purge batch's transaction: no gap locks, so claims inserting beside the rows it
-    # deletes never wait for it (REPEATABLE READ would lock the gaps between them too).
+    # locks never wait for it (REPEATABLE READ would lock the gaps between them too).
     read_committed = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 
-    def delete_returning(self, where: str, limit: int) -> str:
-        """One purge batch in one statement, returning what the forget step needs."""
-        returned = ", ".join(self.quote(c) for c in ("status", *_SCOPE))
-        return f"DELETE FROM {self.table} WHERE {where} LIMIT {int(limit)} RETURNING {returned}"
+    def delete_locked(self, count: int) -> str:
+        """Delete `count` rows this transaction has locked, by id (the parameters), each by a
+        primary-key lookup. `WHERE id IN (…)` may be run as a scan of the table (the batch is
+        most of a small one), which waits for every row another transaction holds."""
+        ids = " UNION ALL ".join(["SELECT %s AS id", *["SELECT %s"] * (count - 1)])
+        t, pk = self.table, self.quote("id")
+        return f"DELETE {t} FROM ({ids}) AS batch STRAIGHT_JOIN {t} ON {t}.{pk} = batch.id"
 
 
 def advisory_locks(request: ClaimRequest) -> list[int]:
