@@ -15,6 +15,8 @@ from django.db import connections, transaction
 from django.test import Client
 
 from django_idempotency import signals
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores import database
 from tests.models import Charge
 from tests.utils import assert_problem, post
 
@@ -143,6 +145,75 @@ def test_mariadb_user_locks_are_released_on_every_path_of_a_connection_that_stay
 
     assert answers[0].status_code == 201
     assert post(client, URL, {"amount": 99}, key="k")["Idempotent-Replayed"] == "true"
+
+
+def _max_allowed_packet() -> int:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        return int(cursor.fetchone()[0])
+
+
+def _miss_the_first_size_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's size check lets the first statement through, as if it had been wrong: the
+    server refuses it (1153, or a connection reset while it is still being sent)."""
+    checks = iter([lambda connection, params: True])
+    real = database.fits_in_a_packet
+    monkeypatch.setattr(database, "fits_in_a_packet", lambda *args: next(checks, real)(*args))
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize(
+    ("mode", "checked"),
+    [("lease", True), ("atomic", True), ("lease", False)],
+    ids=["lease-checked-before", "atomic-checked-before", "lease-refused-by-server"],
+)
+def test_mariadb_a_body_larger_than_max_allowed_packet_is_kept_without_it_and_never_runs_twice(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, mode: str, checked: bool
+) -> None:
+    # With no limit of its own (IDEMPOTENCY_MAX_STORED_BYTES = None), a body the database
+    # refuses for its size is stored as one over the limit: status and headers, and retries
+    # get 410. The store checks the size before sending; were it to send anyway, MariaDB
+    # refuses the statement and closes the connection: lease mode stores the outcome on a new
+    # connection.
+    settings.IDEMPOTENCY_MAX_STORED_BYTES = None
+    settings.IDEMPOTENCY_MODE = mode
+    settings.IDEMPOTENCY_LEASE = 30
+    if not checked:
+        _miss_the_first_size_check(monkeypatch)
+    size = _max_allowed_packet() + 1024 * 1024
+    client = Client()
+    headers = {"Idempotency-Key": "big", "X-Body-Bytes": str(size)}
+
+    first, took = _timed(lambda: client.post("/sized/", headers=headers))
+    retry = client.post("/sized/", headers=headers)
+
+    assert first.status_code == 200
+    assert len(first.content) == size
+    assert took < 15  # Not retried until the lease ends.
+    problem = assert_problem(retry, 410, "response-not-stored")
+    assert f"({size} bytes)" in problem["detail"]
+    assert Charge.objects.count() == 1
+    (record,) = IdempotencyRecord.objects.all()
+    assert (record.status, record.response_body) == ("completed", b"")
+
+
+@pytest.mark.mariadb
+def test_mariadb_atomic_mode_refused_by_the_server_for_size_keeps_nothing_and_answers_503(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Were the store's size check bypassed, atomic mode's transaction is lost with the
+    # connection MariaDB closes: nothing was committed, the view's writes included, so the
+    # client gets 503 and a retry runs the view again, which is correct.
+    settings.IDEMPOTENCY_MAX_STORED_BYTES = None
+    settings.IDEMPOTENCY_MODE = "atomic"
+    _miss_the_first_size_check(monkeypatch)
+    headers = {"Idempotency-Key": "big", "X-Body-Bytes": str(_max_allowed_packet() + 1)}
+
+    response = Client().post("/sized/", headers=headers)
+
+    assert_problem(response, 503, "store-unavailable")
+    assert not Charge.objects.exists()
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_a_backend_the_store_cannot_run_on_is_503_and_the_log_names_it(

@@ -32,6 +32,7 @@ from django_idempotency.stores.base import (
     ClaimRequest,
     PurgeOptions,
     PurgeResult,
+    ResponseTooLarge,
     StoreBusy,
     StoreUnavailable,
     fresh_claim,
@@ -41,11 +42,13 @@ from django_idempotency.stores.connections import on_a_live_connection
 from django_idempotency.stores.dialects import (
     MARIADB_DUPLICATE_KEY,
     MARIADB_LOCK_NOT_GRANTED,
+    MARIADB_PACKET_TOO_LARGE,
     MariaDB,
     PostgreSQL,
     advisory_locks,
     dialect_for,
 )
+from django_idempotency.stores.packets import fits_in_a_packet
 from django_idempotency.stores.user_locks import UserLocks
 from django_idempotency.stores.statements import RecordRow
 
@@ -261,6 +264,10 @@ class DatabaseStore(BaseStore):
         ]
         with _reachable(connection):
             dialect = dialect_for(connection)
+            if isinstance(dialect, MariaDB) and not fits_in_a_packet(connection, params):
+                # Refused before it is sent: the server would close the connection, and
+                # with it atomic mode's transaction.
+                raise ResponseTooLarge(_too_large(len(response.body)))
             sql = dialect.complete
             closing = last and statements.closes_transaction(connection)
             if closing and isinstance(dialect, PostgreSQL):
@@ -271,9 +278,17 @@ class DatabaseStore(BaseStore):
                 # Released just before the commit: until it, the uncommitted record answers
                 # a claim of the key 409 (MariaDB's lock error), never a stale 422.
                 sql, params = dialect.releasing_complete, [*params, *locks]
-            with statements.cursor(connection, several=sql != dialect.complete) as cursor:
-                cursor.execute(sql, params)
-                kept = bool(cursor.rowcount == 1)
+            try:
+                with statements.cursor(connection, several=sql != dialect.complete) as cursor:
+                    cursor.execute(sql, params)
+                    kept = bool(cursor.rowcount == 1)
+            except OperationalError as exc:
+                if exc.args[:1] != (MARIADB_PACKET_TOO_LARGE,) or connection.in_atomic_block:
+                    raise  # In a transaction, it is lost with the connection: unreachable.
+                # MariaDB refused the statement for its size, and closed the connection: the
+                # next statement opens another.
+                connection.close()
+                raise ResponseTooLarge(_too_large(len(response.body))) from exc
             if kept and locks:
                 _LOCKS.released(connection)
             return kept
@@ -383,6 +398,14 @@ def _reachable(connection: BaseDatabaseWrapper | None = None) -> Iterator[None]:
             with contextlib.suppress(DatabaseError):
                 connection.close()
         raise StoreUnavailable(str(exc)) from exc
+
+
+def _too_large(size: int) -> str:
+    return (
+        f"A response body of {size} bytes is larger than the database takes in one statement "
+        "(MariaDB's max_allowed_packet): raise max_allowed_packet, or set "
+        "IDEMPOTENCY_MAX_STORED_BYTES below it."
+    )
 
 
 def _fetch_one(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> RecordRow | None:

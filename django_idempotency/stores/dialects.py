@@ -34,6 +34,8 @@ _SCOPE = ("namespace", "owner", "key")
 # (with the claim's no-wait rule), or a deadlock InnoDB broke by rolling this transaction back.
 MARIADB_LOCK_NOT_GRANTED = (1205, 1213)
 MARIADB_DUPLICATE_KEY = 1062
+# A statement larger than max_allowed_packet: the server refuses it and closes the connection.
+MARIADB_PACKET_TOO_LARGE = 1153
 # PostgreSQL's SQLSTATEs for the same: lock_not_available (lock_timeout), deadlock_detected.
 _POSTGRESQL_LOCK_NOT_GRANTED = ("55P03", "40P01")
 
