@@ -33,7 +33,7 @@ def delete_batch(
                 params,
             )
             return [tuple(row) for row in cursor.fetchall()]
-    batch = records.values_list("pk", *fields)[:batch_size]
+    chosen = records.values_list("pk", *fields)[:batch_size]
     if isinstance(dialect, MariaDB):
         # The batch's rows read and locked, skipping those another transaction holds (a claim
         # taking one over), then deleted by id. A plain DELETE … LIMIT would wait for such a
@@ -45,12 +45,12 @@ def delete_batch(
             if not outer_transaction:
                 with connection.cursor() as cursor:
                     cursor.execute(dialect.read_committed)
-            rows = list(batch.select_for_update(skip_locked=skip_locked))
+            rows = list(chosen.select_for_update(skip_locked=skip_locked))
             if rows:
                 with connection.cursor() as cursor:
                     cursor.execute(dialect.delete_locked(len(rows)), [row[0] for row in rows])
         return [row[1:] for row in rows]
     with transaction.atomic(using=alias):
-        rows = list(batch)
+        rows = list(chosen)
         IdempotencyRecord.objects.using(alias).filter(pk__in=[r[0] for r in rows]).delete()
     return [row[1:] for row in rows]

@@ -49,8 +49,8 @@ from django_idempotency.stores.dialects import (
     dialect_for,
 )
 from django_idempotency.stores.packets import fits_in_a_packet
-from django_idempotency.stores.user_locks import UserLocks
 from django_idempotency.stores.statements import RecordRow
+from django_idempotency.stores.user_locks import UserLocks
 
 _UNREACHABLE = (OperationalError, InterfaceError)
 _LOCKS = UserLocks()
