@@ -22,6 +22,7 @@ from django_idempotency.encryption import seal, unseal
 from django_idempotency.stores import (
     BaseStore,
     ClaimRequest,
+    ResponseTooLarge,
     StoreBusy,
     StoreUnavailable,
     get_store,
@@ -152,9 +153,15 @@ class Attempt:
             delay = next_delay(delay)
             request = replace(request, now=timezone.now())
 
-    def complete(self, result: StoredResponse) -> bool:
+    def complete(
+        self,
+        result: StoredResponse,
+        smaller: Callable[[StoredResponse], StoredResponse] | None = None,
+    ) -> bool:
         """Store the result for every retry; False if the lease was lost to another caller, or
-        (atomic mode) the transaction was marked for rollback.
+        (atomic mode) the transaction was marked for rollback. `smaller`: what to store instead
+        of a result the store refuses for its size (`ResponseTooLarge` otherwise, and the key
+        given back in lease mode).
 
         Raises `StoreUnavailable`: at once in atomic mode (the caller's writes are then lost with
         it); in lease mode only once the lease has ended without the store coming back.
@@ -171,6 +178,14 @@ class Attempt:
             try:
                 kept = complete(claim, result, timezone.now())
                 break
+            except ResponseTooLarge as exc:
+                if smaller is None:
+                    self._give_back(claim)
+                    raise
+                # The work ran: keep its outcome without the body rather than let a retry run
+                # it again (the claim is intact; in atomic mode so is the transaction).
+                logger.warning("%s Stored without its body.", exc)
+                result, smaller = smaller(result), None
             except StoreUnavailable as exc:
                 if self.owns_transaction:
                     self.store.discard()
@@ -194,9 +209,7 @@ class Attempt:
             except Exception:
                 # Not a lost store (a value the store refused, say): nothing will change by
                 # the end of the lease, so give the key back rather than leave it stuck.
-                if not self.atomic:
-                    _quietly(self.store.release, claim)
-                    self._announce(signals.released)
+                self._give_back(claim)
                 raise
         if kept:
             self._announce(signals.completed)
@@ -212,6 +225,13 @@ class Attempt:
                 "stored. Raise IDEMPOTENCY_LEASE above the work's longest run."
             )
         return kept
+
+    def _give_back(self, claim: Claim) -> None:
+        """Lease mode, a result the store refused: release the key (atomic mode's error rolls
+        the claim back with the transaction)."""
+        if not self.atomic:
+            _quietly(self.store.release, claim)
+            self._announce(signals.released)
 
     def release(self, *, rollback: bool = True) -> None:
         """Give the key back; with ``rollback``, our own transaction's writes go with it."""

@@ -11,6 +11,12 @@ class StoreUnavailable(IdempotencyError):
     """The store cannot be reached; the work is refused rather than run unprotected."""
 
 
+class PurgeConflict(StoreUnavailable):
+    """A purge batch was refused a row lock (a lock wait timeout, or a deadlock the database
+    broke) and rolled back: the database is there, so the purge can simply run again. A
+    `StoreUnavailable` so that the command, the task and the admin stop it the same way."""
+
+
 class KeyInProgress(IdempotencyError):
     """Another call with the same key is still running: try again once it has finished."""
 

@@ -11,7 +11,9 @@ from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
 from django_idempotency import signals
+from django_idempotency.exceptions import PurgeConflict
 from django_idempotency.stores import PurgeOptions, PurgeResult, StoreUnavailable, get_store
+from django_idempotency.stores.dialects import lock_not_granted
 
 logger = logging.getLogger("django_idempotency")
 
@@ -59,7 +61,11 @@ def purge_expired_records(
             batch_size=batch_size, namespace=namespace, dry_run=dry_run, progress=note_progress
         )
         result = get_store().purge(timezone.now(), options)
-    except (StoreUnavailable, OperationalError, InterfaceError) as exc:
+    except OperationalError as exc:
+        if lock_not_granted(exc):
+            raise conflict(exc, done) from exc
+        raise unreachable(exc, done) from exc
+    except (StoreUnavailable, InterfaceError) as exc:
         raise unreachable(exc, done) from exc
     report = PurgeReport(
         expired=result.expired,
@@ -93,6 +99,19 @@ def unreachable(exc: Exception, done: PurgeResult) -> StoreUnavailable:
     return StoreUnavailable(
         f"The database holding idempotency records cannot be reached: {reason}. "
         f"{so_far}Retry the purge when the database is back."
+    )
+
+
+def conflict(exc: Exception, done: PurgeResult) -> PurgeConflict:
+    """The error for a batch refused a row lock: not an outage, and the next run goes on."""
+    # MariaDB's errors are (number, message): its message says it.
+    said = exc.args[1] if len(exc.args) == 2 and isinstance(exc.args[0], int) else exc
+    reason = " ".join(str(said).split()).rstrip(".") or type(exc).__name__
+    so_far = f"{_count(done.total, 'record')} purged before it. " if done.batches else ""
+    return PurgeConflict(
+        f"A purge batch of idempotency records was refused a row lock and rolled back: "
+        f"{reason}. {so_far}Run the purge again; if this repeats, look for a long transaction "
+        "holding idempotency records."
     )
 
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
+from django_idempotency.core.outcomes import Outcome, Scope
+from django_idempotency.exceptions import PurgeConflict
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.purge import PurgeReport, purge_expired_records
 from django_idempotency.stores import PurgeOptions, PurgeResult, StoreUnavailable, get_store
 from tests.factories import IdempotencyRecordFactory
+from tests.stores import claim_request
 from tests.utils import lose_database
 
 pytestmark = pytest.mark.django_db
@@ -171,6 +175,70 @@ def test_the_purge_leaves_a_row_another_transaction_holds_and_does_not_wait_for_
 
     assert report.total == 1
     assert _remaining() == {held.pk}
+
+
+@pytest.mark.postgresql
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True)
+def test_a_purge_never_waits_for_a_row_a_live_request_holds_nor_holds_up_claims() -> None:
+    # A request in atomic mode is taking over an expired record: its transaction holds the
+    # row. The purge skips it and ends at once, and meanwhile a new claim of a key the purge
+    # deleted is fresh (a purge waiting on the held row would keep the deleted rows locked,
+    # and answer such claims 409 until it failed).
+    purged = _make_expired(3)
+    (held,) = _make_expired(1)  # The last row of the batch.
+    other = connections.create_connection("default")
+    other.set_autocommit(False)
+    table = IdempotencyRecord._meta.db_table
+    reports: list[PurgeReport] = []
+
+    def purge() -> None:
+        try:
+            reports.append(purge_expired_records())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=purge)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [held.pk])
+        thread.start()
+        thread.join(10)  # Far below the databases' lock wait timeouts.
+        purging = thread.is_alive()
+        gone = purged[0]
+        claim = get_store().begin(claim_request(Scope(gone.namespace, gone.owner, gone.key)))
+    finally:
+        other.rollback()
+        other.close()
+        thread.join()
+
+    assert claim.outcome is Outcome.FRESH
+    assert not purging
+    assert reports[0].total == 3
+    assert _remaining() == {held.pk, claim.record_id}
+
+
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_refused_a_row_lock_is_reported_as_such_not_as_an_outage() -> None:
+    # A batch that meets a lock wait timeout (1205) is rolled back; the database is there, so
+    # the report says to run the purge again, not that the database cannot be reached.
+    def refused(result: PurgeResult) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205, MESSAGE_TEXT = %s",
+                ["Lock wait timeout exceeded; try restarting transaction"],
+            )
+
+    _make_expired(2)
+    with pytest.raises(PurgeConflict) as raised:
+        purge_expired_records(batch_size=1, progress=refused)
+
+    assert str(raised.value) == (
+        "A purge batch of idempotency records was refused a row lock and rolled back: Lock wait "
+        "timeout exceeded; try restarting transaction. 1 record purged before it. Run the "
+        "purge again; if this repeats, look for a long transaction holding idempotency records."
+    )
 
 
 def test_progress_is_called_after_each_batch_with_the_running_counts() -> None:

@@ -24,6 +24,7 @@ urlpatterns = [
     path("async/charges/", views.async_view),
     path("async-cbv/charges/", views.AsyncClassView.as_view()),
     path("binary/", views.binary_view),
+    path("sized/", views.sized_view),
     path("streaming/", views.streaming_view),
     path("webhooks/", views.webhook_view),
     path("unguarded/charges/", views.unguarded_view),

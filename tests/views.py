@@ -188,6 +188,14 @@ def binary_view(request: HttpRequest) -> HttpResponse:
 
 
 @idempotent
+def sized_view(request: HttpRequest) -> HttpResponse:
+    """A body of as many bytes as the X-Body-Bytes header asks for."""
+    Charge.objects.create(reference=request.headers["Idempotency-Key"], amount=0)
+    size = int(request.headers["X-Body-Bytes"])
+    return HttpResponse(b"\x00'x" * (size // 3) + b"x" * (size % 3), content_type="text/plain")
+
+
+@idempotent
 def streaming_view(request: HttpRequest) -> StreamingHttpResponse:
     Charge.objects.create(reference=request.headers["Idempotency-Key"], amount=0)
     return StreamingHttpResponse(iter([b"a", b"b"]))

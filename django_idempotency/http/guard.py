@@ -212,7 +212,7 @@ class Guard(contextlib.ExitStack):
             )
             stored = without_body(stored)
         try:
-            attempt.complete(stored)
+            attempt.complete(stored, smaller=without_body)
         except StoreUnavailable as exc:
             if attempt.atomic:  # The transaction holding the view's writes is lost with it.
                 return problems.store_unavailable()

@@ -10,6 +10,7 @@ from django_idempotency.stores.base import (
     ClaimRequest,
     PurgeOptions,
     PurgeResult,
+    ResponseTooLarge,
     StoreBusy,
     StoreUnavailable,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "ClaimRequest",
     "PurgeOptions",
     "PurgeResult",
+    "ResponseTooLarge",
     "StoreBusy",
     "StoreUnavailable",
     "get_store",

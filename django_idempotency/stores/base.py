@@ -25,6 +25,7 @@ __all__ = [
     "PurgeOptions",
     "PurgeResult",
     "Record",
+    "ResponseTooLarge",
     "StoreBusy",
     "StoreUnavailable",
     "after_response",
@@ -38,6 +39,12 @@ __all__ = [
 class StoreBusy(Exception):
     """The store cannot take a claim right now, though it is reachable (SQLite's single writer
     is busy elsewhere): the request is answered as if its key were in progress."""
+
+
+class ResponseTooLarge(Exception):
+    """`complete` refused a response for its size (larger than the database takes in one
+    statement). The claim is still held, and still in progress: the caller may complete it with
+    less (the HTTP guard stores the status and headers without the body)."""
 
 
 @dataclass

@@ -33,15 +33,24 @@ def delete_batch(
                 params,
             )
             return [tuple(row) for row in cursor.fetchall()]
+    chosen = records.values_list("pk", *fields)[:batch_size]
     if isinstance(dialect, MariaDB):
+        # The batch's rows read and locked, skipping those another transaction holds (a claim
+        # taking one over), then deleted by id. A plain DELETE … LIMIT would wait for such a
+        # row holding the locks of the rows it has deleted, and claims of those keys would be
+        # answered 409 until it gave up. SKIP LOCKED is MariaDB 10.6's; 10.5 waits.
+        skip_locked = connection.features.has_select_for_update_skip_locked
         outer_transaction = connection.in_atomic_block
-        where, params = records.query.get_compiler(alias).compile(records.query.where)
-        with transaction.atomic(using=alias), connection.cursor() as cursor:
+        with transaction.atomic(using=alias):
             if not outer_transaction:
-                cursor.execute(dialect.read_committed)
-            cursor.execute(dialect.delete_returning(where, batch_size), params)
-            return [tuple(row) for row in cursor.fetchall()]
+                with connection.cursor() as cursor:
+                    cursor.execute(dialect.read_committed)
+            rows = list(chosen.select_for_update(skip_locked=skip_locked))
+            if rows:
+                with connection.cursor() as cursor:
+                    cursor.execute(dialect.delete_locked(len(rows)), [row[0] for row in rows])
+        return [row[1:] for row in rows]
     with transaction.atomic(using=alias):
-        rows = list(records.values_list("pk", *fields)[:batch_size])
+        rows = list(chosen)
         IdempotencyRecord.objects.using(alias).filter(pk__in=[r[0] for r in rows]).delete()
     return [row[1:] for row in rows]

@@ -32,6 +32,7 @@ from django_idempotency.stores.base import (
     ClaimRequest,
     PurgeOptions,
     PurgeResult,
+    ResponseTooLarge,
     StoreBusy,
     StoreUnavailable,
     between_steps,
@@ -42,14 +43,18 @@ from django_idempotency.stores.connections import on_a_live_connection
 from django_idempotency.stores.dialects import (
     MARIADB_DUPLICATE_KEY,
     MARIADB_LOCK_NOT_GRANTED,
+    MARIADB_PACKET_TOO_LARGE,
     MariaDB,
     PostgreSQL,
     advisory_locks,
     dialect_for,
 )
+from django_idempotency.stores.packets import fits_in_a_packet
 from django_idempotency.stores.statements import RecordRow
+from django_idempotency.stores.user_locks import UserLocks
 
 _UNREACHABLE = (OperationalError, InterfaceError)
+_LOCKS = UserLocks()
 
 
 class DatabaseStore(BaseStore):
@@ -130,7 +135,7 @@ class DatabaseStore(BaseStore):
         self, connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
     ) -> tuple[RecordRow | None, bool]:
         """Insert the claim, or find the record already holding the key; and whether the key
-        was held by a claim for another request (only PostgreSQL can tell).
+        was held by a claim for another request (PostgreSQL, and MariaDB in atomic mode).
 
         The claim statement returns only the new id: the store knows what it inserted. The rare
         claim that inserts nothing (a duplicate, an expired or abandoned record, a race) reads
@@ -139,7 +144,7 @@ class DatabaseStore(BaseStore):
         dialect = dialect_for(connection)
         params = self._claim_params(connection, request, token)
         if isinstance(dialect, MariaDB):
-            return self._insert_or_find_mariadb(connection, dialect, request, params), False
+            return self._insert_or_find_mariadb(connection, dialect, request, params)
         scope = request.scope
         locks = []
         if isinstance(dialect, PostgreSQL):
@@ -171,18 +176,30 @@ class DatabaseStore(BaseStore):
         dialect: MariaDB,
         request: ClaimRequest,
         params: list[Any],
-    ) -> RecordRow | None:
-        """The insert, or the committed record its duplicate key names. A claim not yet
-        committed raises MariaDB's lock error, answered as in progress by `begin`."""
+    ) -> tuple[RecordRow | None, bool]:
+        """The insert, or the committed record its duplicate key names; and whether the key
+        was held by a claim for another request. A claim not yet committed raises MariaDB's
+        lock error, answered as in progress by `begin`, unless the user locks (atomic mode)
+        told it apart first."""
+        locks = _LOCKS.take(connection, request)
         try:
             with statements.cursor(connection) as cursor:
-                cursor.execute(dialect.claim, params)
-                pk = cursor.lastrowid
+                if locks:
+                    cursor.execute(dialect.locked_claim, [*params, *locks])
+                else:
+                    cursor.execute(dialect.claim, params)
+                pk, inserted = cursor.lastrowid, cursor.rowcount == 1
         except IntegrityError as exc:
             if exc.args and exc.args[0] != MARIADB_DUPLICATE_KEY:
                 raise
-            return self._find(connection, request.scope, locking=True)
-        return RecordRow.inserted(request, pk)
+            return self._find(connection, request.scope, locking=True), False
+        if inserted:
+            return RecordRow.inserted(request, pk), False
+        # A lock was not granted: another request's claim holds the key, uncommitted.
+        with statements.cursor(connection) as cursor:
+            cursor.execute(dialect.identity_lock_held, [locks[0]])
+            (mine,) = cursor.fetchone()
+        return None, bool(mine)
 
     def _take_over(self, row: RecordRow, request: ClaimRequest, token: str) -> RecordRow | None:
         """Claim an abandoned record; None if a concurrent request or the purge got there first."""
@@ -249,14 +266,34 @@ class DatabaseStore(BaseStore):
         ]
         with _reachable(connection):
             dialect = dialect_for(connection)
+            if isinstance(dialect, MariaDB) and not fits_in_a_packet(connection, params):
+                # Refused before it is sent: the server would close the connection, and
+                # with it atomic mode's transaction.
+                raise ResponseTooLarge(_too_large(len(response.body)))
             sql = dialect.complete
             closing = last and statements.closes_transaction(connection)
             if closing and isinstance(dialect, PostgreSQL):
                 # The block's own commit then finds the transaction ended, and sends nothing.
                 sql = dialect.closing_complete
-            with statements.cursor(connection, several=sql != dialect.complete) as cursor:
-                cursor.execute(sql, params)
-                return bool(cursor.rowcount == 1)
+            locks = _LOCKS.held(connection)
+            if locks and isinstance(dialect, MariaDB):
+                # Released just before the commit: until it, the uncommitted record answers
+                # a claim of the key 409 (MariaDB's lock error), never a stale 422.
+                sql, params = dialect.releasing_complete, [*params, *locks]
+            try:
+                with statements.cursor(connection, several=sql != dialect.complete) as cursor:
+                    cursor.execute(sql, params)
+                    kept = bool(cursor.rowcount == 1)
+            except OperationalError as exc:
+                if exc.args[:1] != (MARIADB_PACKET_TOO_LARGE,) or connection.in_atomic_block:
+                    raise  # In a transaction, it is lost with the connection: unreachable.
+                # MariaDB refused the statement for its size, and closed the connection: the
+                # next statement opens another.
+                connection.close()
+                raise ResponseTooLarge(_too_large(len(response.body))) from exc
+            if kept and locks:
+                _LOCKS.released(connection)
+            return kept
 
     def release(self, claim: Claim) -> bool:
         # Only a claim still in progress: once completed, its token releases nothing (a release
@@ -297,13 +334,15 @@ class DatabaseStore(BaseStore):
                 # ATOMIC_REQUESTS or a TestCase: the caller's transaction decides about the
                 # view's writes, and the claim joins it without a savepoint (two statements
                 # fewer, and no savepoint whose rollback would doom the caller's transaction).
-                yield False
+                with _LOCKS.released_at_exit(connection):
+                    yield False
                 return
             entered = False
             try:
                 with transaction.atomic(using=self.alias):
                     entered = True
-                    yield True
+                    with _LOCKS.released_at_exit(connection):
+                        yield True
             except OperationalError as exc:
                 # SQLite with "transaction_mode": "IMMEDIATE" takes its single writer's lock at
                 # BEGIN: another request holds it, which is not a lost database.
@@ -369,6 +408,14 @@ def _reachable(connection: BaseDatabaseWrapper | None = None) -> Iterator[None]:
             with contextlib.suppress(DatabaseError):
                 connection.close()
         raise StoreUnavailable(str(exc)) from exc
+
+
+def _too_large(size: int) -> str:
+    return (
+        f"A response body of {size} bytes is larger than the database takes in one statement "
+        "(MariaDB's max_allowed_packet): raise max_allowed_packet, or set "
+        "IDEMPOTENCY_MAX_STORED_BYTES below it."
+    )
 
 
 def _fetch_one(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> RecordRow | None:

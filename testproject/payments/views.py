@@ -149,6 +149,9 @@ class StaffPaymentViewSet(PaymentViewSet):
     idempotency_namespace = "staff-payments"
 
 
+MAX_AMOUNT = 2**31 - 1  # A PositiveIntegerField's largest value on every database.
+
+
 @csrf_exempt
 @require_POST
 @idempotent(required=True, namespace="refunds")
@@ -160,6 +163,10 @@ def create_refund(request: HttpRequest) -> HttpResponse:
         amount = int(data["amount"])
     except (ValueError, KeyError, TypeError):
         return JsonResponse({"detail": "Send a JSON body with payment and amount."}, status=400)
+    if not 0 <= amount <= MAX_AMOUNT:
+        # The column's range: beyond it MariaDB refuses the row (a 500), and PostgreSQL and
+        # SQLite their check of a positive amount.
+        return JsonResponse({"detail": f"amount must be 0 to {MAX_AMOUNT}."}, status=400)
     refund = Refund.objects.create(payment=payment, amount=amount)
     response = JsonResponse({"id": refund.pk, "payment": payment.pk, "amount": amount}, status=201)
     response["Location"] = f"/api/refunds/{refund.pk}/"

@@ -730,3 +730,18 @@ class Figures:
     def add(self, figure: Figure) -> Figure:
         self.rows.append(figure)
         return figure
+
+
+# Where a failed scenario leaves what CI keeps (git-ignored): the servers' logs of the run.
+ARTEFACTS = ROOT / ".artefacts" / "reliability"
+
+
+def keep_artefact(path: Path) -> Path:
+    """Copy `path` (a server's log) under ARTEFACTS, named by the time, and return the copy."""
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    kept = ARTEFACTS / f"{time.strftime('%Y%m%d-%H%M%S')}-{path.name}"
+    if path.exists():
+        shutil.copyfile(path, kept)
+    else:
+        kept.write_text(f"{path} was never written.\n")
+    return kept

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import random
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -12,13 +14,13 @@ from urllib.parse import urlencode
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from tests.reliability.client import Answer, post, send
-from tests.reliability.harness import Database, Figure, Figures, Server
+from tests.reliability.harness import Database, Figure, Figures, Server, keep_artefact
 
 # The database store's alone (deselected when RELIABILITY_STORE=redis): that no completed record
 # is overwritten is read from the database store's table.
@@ -210,27 +212,45 @@ def test_fuzzed_keys_headers_and_bodies_never_give_a_500_or_overwrite_a_record(
 ) -> None:
     tally: Counter[str] = Counter()
     started = time.monotonic()
+    # The server's state changes with every request, so hypothesis may fail to replay a failure
+    # by itself: the seed reruns the whole sequence (RELIABILITY_SEED=<seed>), and the failing
+    # request is in the message, whole, to be sent again by hand.
+    run_seed = int(os.environ.get("RELIABILITY_SEED") or random.randrange(2**32))
+    print(f"\nhostile input: RELIABILITY_SEED={run_seed}")
 
+    @seed(run_seed)
     @settings(
         max_examples=EXAMPLES,
         deadline=None,
         database=None,
+        print_blob=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(request=hostile_requests())
     def fuzz(request: tuple[str, str, list[tuple[str, str | bytes]], bytes | None]) -> None:
         method, path, headers, body = request
         answer = send(server.url, method, path, body, headers, timeout=30)
-        tally[check(answer)] += 1
-        seed = seeded.get(path)
-        if (
-            answer.replayed
-            and seed is not None
-            and ("Idempotency-Key", SEED_KEY.encode()) in headers
-        ):
-            assert (answer.status, answer.body) == (seed[1].status, seed[1].body)
+        try:
+            tally[check(answer)] += 1
+            seeded_with = seeded.get(path)
+            if (
+                answer.replayed
+                and seeded_with is not None
+                and ("Idempotency-Key", SEED_KEY.encode()) in headers
+            ):
+                assert (answer.status, answer.body) == (seeded_with[1].status, seeded_with[1].body)
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\nrequest: {method} {path}\nheaders: {headers!r}\nbody: {body!r}\n"
+                f"answer: {answer.status} {answer.headers!r} {answer.body[:2000]!r}\n"
+                f"the run's sequence again: RELIABILITY_SEED={run_seed}"
+            ) from exc
 
-    fuzz()
+    try:
+        fuzz()
+    except BaseException:
+        print(f"gunicorn's log of the run: {keep_artefact(server.log)}")
+        raise
     figures.add(
         Figure(
             "5. hostile input",
