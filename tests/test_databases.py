@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connections, transaction
+from django.db import connections
 from django.test import Client
 
 from django_idempotency import signals
@@ -74,12 +74,11 @@ def _timed(send: Callable[[], Any]) -> tuple[Any, float]:
 
 
 @pytest.mark.postgresql
-@pytest.mark.mariadb
 def test_while_the_first_claim_is_uncommitted_a_duplicate_gets_409_and_another_request_422_at_once(
     settings: Any,
 ) -> None:
     # Atomic mode: the first request's claim is an uncommitted row nobody else can read. The
-    # claim's locks (PostgreSQL's advisory locks, MariaDB's user locks) still tell a duplicate
+    # claim's advisory locks still tell a duplicate
     # from a different request with the key, at once, without waiting for the first to end.
     settings.IDEMPOTENCY_MODE = "atomic"
     with _first_request_held(URL, {"amount": 10}, "held") as first:
@@ -96,55 +95,39 @@ def test_while_the_first_claim_is_uncommitted_a_duplicate_gets_409_and_another_r
 
 
 @pytest.mark.mariadb
-def test_mariadb_atomic_mode_waits_for_an_uncommitted_duplicate_then_replays(
+def test_mariadb_answers_a_claim_not_yet_committed_at_once_then_the_mismatch(
     settings: Any,
 ) -> None:
+    # Atomic mode: the first request's claim is an uncommitted row. MariaDB cannot tell a
+    # duplicate from another request then (docs/databases.md); both are told the key is in
+    # progress while the first still runs, never held until it ends, and the other request
+    # learns it reused the key once the first has committed.
     settings.IDEMPOTENCY_MODE = "atomic"
-    settings.IDEMPOTENCY_ON_CONFLICT = "wait"
-    settings.IDEMPOTENCY_WAIT_TIMEOUT = 30
-    with _first_request_held(URL, {"amount": 10}, "held") as first:
-        other = post(Client(), URL, {"amount": 99}, key="held")
-        waiter: list[Any] = []
-        duplicate = threading.Thread(
-            target=lambda: waiter.append(post(Client(), URL, {"amount": 10}, key="held"))
-        )
-        duplicate.start()
+    slow = {"amount": 10, "sleep": 1.5}
+    first: list[Any] = []
+    claimed = threading.Event()
 
-    duplicate.join()
-    assert_problem(other, 422, "key-reused")
-    assert first[0].status_code == 201
-    assert waiter[0]["Idempotent-Replayed"] == "true"
-    assert waiter[0].content == first[0].content
-    assert Charge.objects.count() == 1
+    def run_first() -> None:
+        first.append(post(Client(), URL, slow, key="held"))
+        connections.close_all()
 
-
-@pytest.mark.mariadb
-def test_mariadb_user_locks_are_released_on_every_path_of_a_connection_that_stays_open(
-    settings: Any,
-) -> None:
-    # MariaDB's user locks belong to the session: one left on this thread's connection (which
-    # the test client keeps open, as CONN_MAX_AGE would) would answer another request with the
-    # key 422 or 409 for as long as the connection lives.
-    settings.IDEMPOTENCY_MODE = "atomic"
-    client = Client(raise_request_exception=False)
-    assert post(client, URL, key="k", outcome="invalid").status_code == 400  # Rolled back.
-    assert post(client, URL, key="k", outcome="raise").status_code == 500  # Raised.
-    with transaction.atomic():  # A caller's transaction (ATOMIC_REQUESTS), released by the view.
-        assert post(client, URL, key="k", outcome="invalid").status_code == 400
-    answers: list[Any] = []
-
-    def elsewhere() -> None:
-        try:
-            answers.append(post(Client(), URL, {"amount": 99}, key="k"))
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=elsewhere)
+    thread = threading.Thread(target=run_first)
     thread.start()
-    thread.join()
+    try:
+        claimed.wait(0.5)  # The first request holds its uncommitted claim by now.
+        duplicate = post(Client(), URL, slow, key="held")
+        other = post(Client(), URL, {"amount": 99}, key="held")
+        answered_while_running = thread.is_alive()
+    finally:
+        thread.join()
 
-    assert answers[0].status_code == 201
-    assert post(client, URL, {"amount": 99}, key="k")["Idempotent-Replayed"] == "true"
+    assert answered_while_running
+    assert_problem(duplicate, 409, "request-in-progress")
+    assert_problem(other, 409, "request-in-progress")
+    assert first[0].status_code == 201
+    assert_problem(post(Client(), URL, {"amount": 99}, key="held"), 422, "key-reused")
+    assert post(Client(), URL, slow, key="held")["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
 
 
 def _max_allowed_packet() -> int:

@@ -51,10 +51,8 @@ from django_idempotency.stores.dialects import (
 )
 from django_idempotency.stores.packets import fits_in_a_packet
 from django_idempotency.stores.statements import RecordRow
-from django_idempotency.stores.user_locks import UserLocks
 
 _UNREACHABLE = (OperationalError, InterfaceError)
-_LOCKS = UserLocks()
 
 
 class DatabaseStore(BaseStore):
@@ -135,7 +133,7 @@ class DatabaseStore(BaseStore):
         self, connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
     ) -> tuple[RecordRow | None, bool]:
         """Insert the claim, or find the record already holding the key; and whether the key
-        was held by a claim for another request (PostgreSQL, and MariaDB in atomic mode).
+        was held by a claim for another request (only PostgreSQL can tell).
 
         The claim statement returns only the new id: the store knows what it inserted. The rare
         claim that inserts nothing (a duplicate, an expired or abandoned record, a race) reads
@@ -144,7 +142,7 @@ class DatabaseStore(BaseStore):
         dialect = dialect_for(connection)
         params = self._claim_params(connection, request, token)
         if isinstance(dialect, MariaDB):
-            return self._insert_or_find_mariadb(connection, dialect, request, params)
+            return self._insert_or_find_mariadb(connection, dialect, request, params), False
         scope = request.scope
         locks = []
         if isinstance(dialect, PostgreSQL):
@@ -176,30 +174,18 @@ class DatabaseStore(BaseStore):
         dialect: MariaDB,
         request: ClaimRequest,
         params: list[Any],
-    ) -> tuple[RecordRow | None, bool]:
-        """The insert, or the committed record its duplicate key names; and whether the key
-        was held by a claim for another request. A claim not yet committed raises MariaDB's
-        lock error, answered as in progress by `begin`, unless the user locks (atomic mode)
-        told it apart first."""
-        locks = _LOCKS.take(connection, request)
+    ) -> RecordRow | None:
+        """The insert, or the committed record its duplicate key names. A claim not yet
+        committed raises MariaDB's lock error, answered as in progress by `begin`."""
         try:
             with statements.cursor(connection) as cursor:
-                if locks:
-                    cursor.execute(dialect.locked_claim, [*params, *locks])
-                else:
-                    cursor.execute(dialect.claim, params)
-                pk, inserted = cursor.lastrowid, cursor.rowcount == 1
+                cursor.execute(dialect.claim, params)
+                pk = cursor.lastrowid
         except IntegrityError as exc:
             if exc.args and exc.args[0] != MARIADB_DUPLICATE_KEY:
                 raise
-            return self._find(connection, request.scope, locking=True), False
-        if inserted:
-            return RecordRow.inserted(request, pk), False
-        # A lock was not granted: another request's claim holds the key, uncommitted.
-        with statements.cursor(connection) as cursor:
-            cursor.execute(dialect.identity_lock_held, [locks[0]])
-            (mine,) = cursor.fetchone()
-        return None, bool(mine)
+            return self._find(connection, request.scope, locking=True)
+        return RecordRow.inserted(request, pk)
 
     def _take_over(self, row: RecordRow, request: ClaimRequest, token: str) -> RecordRow | None:
         """Claim an abandoned record; None if a concurrent request or the purge got there first."""
@@ -275,15 +261,10 @@ class DatabaseStore(BaseStore):
             if closing and isinstance(dialect, PostgreSQL):
                 # The block's own commit then finds the transaction ended, and sends nothing.
                 sql = dialect.closing_complete
-            locks = _LOCKS.held(connection)
-            if locks and isinstance(dialect, MariaDB):
-                # Released just before the commit: until it, the uncommitted record answers
-                # a claim of the key 409 (MariaDB's lock error), never a stale 422.
-                sql, params = dialect.releasing_complete, [*params, *locks]
             try:
                 with statements.cursor(connection, several=sql != dialect.complete) as cursor:
                     cursor.execute(sql, params)
-                    kept = bool(cursor.rowcount == 1)
+                    return bool(cursor.rowcount == 1)
             except OperationalError as exc:
                 if exc.args[:1] != (MARIADB_PACKET_TOO_LARGE,) or connection.in_atomic_block:
                     raise  # In a transaction, it is lost with the connection: unreachable.
@@ -291,9 +272,6 @@ class DatabaseStore(BaseStore):
                 # next statement opens another.
                 connection.close()
                 raise ResponseTooLarge(_too_large(len(response.body))) from exc
-            if kept and locks:
-                _LOCKS.released(connection)
-            return kept
 
     def release(self, claim: Claim) -> bool:
         # Only a claim still in progress: once completed, its token releases nothing (a release
@@ -334,15 +312,13 @@ class DatabaseStore(BaseStore):
                 # ATOMIC_REQUESTS or a TestCase: the caller's transaction decides about the
                 # view's writes, and the claim joins it without a savepoint (two statements
                 # fewer, and no savepoint whose rollback would doom the caller's transaction).
-                with _LOCKS.released_at_exit(connection):
-                    yield False
+                yield False
                 return
             entered = False
             try:
                 with transaction.atomic(using=self.alias):
                     entered = True
-                    with _LOCKS.released_at_exit(connection):
-                        yield True
+                    yield True
             except OperationalError as exc:
                 # SQLite with "transaction_mode": "IMMEDIATE" takes its single writer's lock at
                 # BEGIN: another request holds it, which is not a lost database.

@@ -161,39 +161,6 @@ class MariaDB(Dialect):
         values = ", ".join("%s" for _ in INSERTED)
         return f"{self.no_wait}INSERT INTO {self.table} ({self.inserted}) VALUES ({values})"
 
-    # Atomic mode's claim first takes two user locks without waiting, as PostgreSQL's advisory
-    # locks: the request's identity, then its key (see `user_locks`). A duplicate of a request
-    # whose claim is uncommitted fails the first (in progress); another request with the key
-    # takes the first and fails the second (a mismatch). MariaDB's user locks belong to the
-    # session, not the transaction: the store releases them before the transaction ends.
-
-    @property
-    def locked_claim(self) -> str:
-        """The insert if both user locks were granted; no row inserted if one was not.
-        Parameters: the inserted values, then the two lock names."""
-        values = ", ".join("%s" for _ in INSERTED)
-        return (
-            f"{self.no_wait}INSERT INTO {self.table} ({self.inserted}) SELECT {values} "
-            "FROM DUAL WHERE GET_LOCK(%s, 0) = 1 AND GET_LOCK(%s, 0) = 1"
-        )
-
-    @property
-    def identity_lock_held(self) -> str:
-        """After a locked claim inserted nothing: whether this session holds the identity lock
-        (so the key's lock is another request's). Parameter: the identity lock's name."""
-        return "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()"
-
-    @property
-    def releasing_complete(self) -> str:
-        """The completion, releasing the claim's user locks in the same round trip: the
-        condition is always true once the record matched. Parameters: the completion's, then
-        the two lock names."""
-        released = "COALESCE(RELEASE_LOCK(%s), 0) + COALESCE(RELEASE_LOCK(%s), 0) >= 0"
-        return f"{self.complete} AND {released}"
-
-    # Releases this session's hold on each lock; a lock another session holds is left alone.
-    release_locks = "SELECT RELEASE_LOCK(%s), RELEASE_LOCK(%s)"
-
     @property
     def locking_lookup(self) -> str:
         """The committed record, read past any snapshot the transaction already has (a plain
@@ -223,22 +190,8 @@ def advisory_locks(request: ClaimRequest) -> list[int]:
 
 def _lock_id(*parts: str) -> int:
     """A signed 64-bit advisory lock id; collisions only cost a spurious 409."""
-    return int.from_bytes(_digest(*parts)[:8], "big", signed=True)
-
-
-def user_locks(request: ClaimRequest, database: str) -> list[str]:
-    """MariaDB's two user lock names for a claim, as `advisory_locks`. User locks are shared by
-    every database of the server, so the name includes the database's; at most 64 characters,
-    MariaDB's limit."""
-    scope = request.scope
-    key = (database, scope.namespace, scope.owner, scope.key)
-    identity = (*key, request.fingerprint, request.method, request.path)
-    return [f"django_idempotency:{_digest(*parts).hex()[:40]}" for parts in (identity, key)]
-
-
-def _digest(*parts: str) -> bytes:
-    # surrogatepass: a lone surrogate (from a JSON escape in a body, say) still names a lock.
-    return hashlib.sha256("\x00".join(parts).encode("utf-8", "surrogatepass")).digest()
+    digest = hashlib.sha256("\x00".join(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 _DIALECTS: dict[str, type[Dialect]] = {d.vendor: d for d in (PostgreSQL, SQLite, MariaDB)}
