@@ -50,7 +50,7 @@ NOT_COPIED = (
     "site",
     "*.sqlite3",
 )
-SUITE = ("tests", "testproject", "docs", "manage.py", "pyproject.toml")
+SUITE = ("tests", "testproject", "docs", "manage.py", "pyproject.toml", "README.md", "mkdocs.yml")
 # What only an installed wheel can get wrong is a file left out of it; these tests reach every
 # kind of file the package ships (a few seconds in all): the migrations, applied and checked
 # against the models; the admin's three templates, rendered; the pytest plugin, loaded through its
