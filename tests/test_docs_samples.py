@@ -134,6 +134,8 @@ def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     admin site and the package's signals as they were (samples register and connect)."""
     registered = admin.site._registry
     admin.site._registry = dict(registered)
+    # A LOGGING sample, applied as a setting, reconfigures logging on Django 6: put it back.
+    loggers = _logging_state()
     connected = {signal: list(signal.receivers) for signal in _package_signals()}
     package = types.ModuleType("myproject")
     package.__path__ = []
@@ -152,9 +154,28 @@ def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _imported.cache_clear()
     _store_for.cache_clear()
     admin.site._registry = registered
+    _restore_logging(loggers)
     for signal, receivers in connected.items():
         signal.receivers = receivers
         signal.sender_receivers_cache.clear()
+
+
+LoggerState = tuple[logging.Logger, int, bool, bool, list[logging.Handler]]
+
+
+def _logging_state() -> list[LoggerState]:
+    every = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    return [
+        (logger, logger.level, logger.propagate, logger.disabled, list(logger.handlers))
+        for logger in every
+        if isinstance(logger, logging.Logger)
+    ]
+
+
+def _restore_logging(state: list[LoggerState]) -> None:
+    for logger, level, propagate, disabled, handlers in state:
+        logger.setLevel(level)
+        logger.propagate, logger.disabled, logger.handlers = propagate, disabled, handlers
 
 
 def _package_signals() -> list[Signal]:
