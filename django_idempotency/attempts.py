@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.conf import OnConflict, conf
+from django_idempotency.core.keys import key_hash
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
 from django_idempotency.encryption import seal, unseal
 from django_idempotency.stores import (
@@ -258,16 +258,16 @@ class Attempt:
         assert scope is not None
         if logger.isEnabledFor(logging.INFO):
             outcome = _NAMES[signal]
-            key_hash = hashlib.sha256(scope.key.encode()).hexdigest()[:16]
+            hashed = key_hash(scope.key)
             logger.info(
                 "idempotency %s namespace=%s key_hash=%s",
                 outcome,
                 scope.namespace,
-                key_hash,
+                hashed,
                 extra={
                     "idempotency_outcome": outcome,
                     "idempotency_namespace": scope.namespace,
-                    "idempotency_key_hash": key_hash,
+                    "idempotency_key_hash": hashed,
                 },
             )
         # A receiver that raises must not fail the request or call: Django's send_robust

@@ -106,3 +106,9 @@ def mint_key(*parts: str | int | uuid.UUID, namespace: str = "default") -> str:
         digest.update(struct.pack(">I", len(chunk)))
         digest.update(chunk)
     return digest.hexdigest()
+
+
+def key_hash(key: str) -> str:
+    """What logs and traces show of a key: enough to follow one key, never the key itself,
+    which may carry client data."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from django_idempotency import signals
 from django_idempotency.conf import conf
+from django_idempotency.core.keys import key_hash
 
 TRACER = "django_idempotency"
 UID_PREFIX = "django_idempotency.contrib.opentelemetry."
@@ -113,7 +113,7 @@ def _start(request: Any, namespace: str, key: str, duration: float | None) -> Sp
     start = now - int((duration or 0.0) * 1e9)
     attributes: dict[str, Any] = {
         NAMESPACE: namespace,
-        KEY_HASH: hashlib.sha256(key.encode()).hexdigest()[:16],
+        KEY_HASH: key_hash(key),
         OPERATION: "call" if request is None else "request",
     }
     if duration is not None:
