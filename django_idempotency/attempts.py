@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import replace
 from datetime import timedelta
 from types import TracebackType
@@ -19,6 +20,7 @@ from django_idempotency.conf import OnConflict, conf
 from django_idempotency.core.keys import key_hash
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
 from django_idempotency.encryption import seal, unseal
+from django_idempotency.exceptions import LeaseLost
 from django_idempotency.stores import (
     BaseStore,
     ClaimRequest,
@@ -43,6 +45,15 @@ _SIGNALS: dict[Outcome, Signal] = {
 }
 # Each signal's name: what the log records and the metrics' `outcome` label say.
 _NAMES: dict[Signal, str] = {signal: name for name, signal in signals.BY_OUTCOME.items()}
+
+# The attempt whose claim the running code holds: set while its work runs, so that code called
+# from a guarded view, an idempotent function or task can find the operation it is part of.
+_current: ContextVar[Attempt | None] = ContextVar("django_idempotency_attempt", default=None)
+
+
+def current_attempt() -> Attempt | None:
+    """The attempt holding a claim for the work running now (innermost first), or None."""
+    return _current.get()
 
 
 class Attempt:
@@ -74,6 +85,7 @@ class Attempt:
         self.owns_transaction = False  # Atomic mode opened its own: a rollback undoes the work.
         self.store_lost = False  # A release failed because the store could not be reached.
         self._transaction = contextlib.ExitStack()
+        self._outer: Attempt | None = None  # The attempt current before this one claimed.
 
     def __enter__(self) -> Attempt:
         return self
@@ -119,6 +131,8 @@ class Attempt:
             claim = replace(claim, response=unseal(claim.response, conf.ENCRYPTION_KEYS))
         if claim.outcome is Outcome.FRESH:
             self.claim = claim
+            self._outer = _current.get()
+            _current.set(self)
         if not (self.poll and claim.outcome is Outcome.IN_PROGRESS):
             duration = time.perf_counter() - started
             self._announce(_SIGNALS[claim.outcome], duration)
@@ -166,7 +180,7 @@ class Attempt:
         Raises `StoreUnavailable`: at once in atomic mode (the caller's writes are then lost with
         it); in lease mode only once the lease has ended without the store coming back.
         """
-        claim, self.claim = self.claim, None
+        claim = self._end()
         if claim is None:
             return False
         # Sealed once, here, so that every store and the cache tier keep the same ciphertext.
@@ -226,6 +240,19 @@ class Attempt:
             )
         return kept
 
+    def ensure_lease(self) -> None:
+        """Raise `LeaseLost` if this attempt no longer holds its claim: call it before a side
+        effect (an outbound call, a step), so that work whose key was taken over stops there."""
+        if self.claim is None:
+            raise LeaseLost("This attempt no longer holds its idempotency claim.")
+
+    def _end(self) -> Claim | None:
+        """The claim, which this attempt no longer holds from now on."""
+        claim, self.claim = self.claim, None
+        if claim is not None and _current.get() is self:
+            _current.set(self._outer)
+        return claim
+
     def _give_back(self, claim: Claim) -> None:
         """Lease mode, a result the store refused: release the key (atomic mode's error rolls
         the claim back with the transaction)."""
@@ -235,7 +262,7 @@ class Attempt:
 
     def release(self, *, rollback: bool = True) -> None:
         """Give the key back; with ``rollback``, our own transaction's writes go with it."""
-        claim, self.claim = self.claim, None
+        claim = self._end()
         if claim is None:
             return
         if rollback and self.owns_transaction:
@@ -248,7 +275,7 @@ class Attempt:
         """The work raised: give the key back (a rollback of our own transaction does that)."""
         if self.claim is not None:
             if self.owns_transaction:
-                self.claim = None  # Leaving the transaction with the error rolls the claim back.
+                self._end()  # Leaving the transaction with the error rolls the claim back.
                 self._announce(signals.released)
             else:
                 self.release()

@@ -21,6 +21,11 @@ class KeyInProgress(IdempotencyError):
     """Another call with the same key is still running: try again once it has finished."""
 
 
+class LeaseLost(IdempotencyError):
+    """The work's claim was taken over (its lease ran out) or has already ended: stop before the
+    next side effect, whose result the new owner of the key would not know of."""
+
+
 class KeyMismatch(IdempotencyError):
     """The key was already used with a different payload: use a new key for new work."""
 
