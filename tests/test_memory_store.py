@@ -159,14 +159,18 @@ def test_a_server_of_several_processes_refuses_the_memory_store_and_one_process_
             assert status == 500
             assert body["type"].endswith("store-misconfigured")
         logged = [r.getMessage() for r in caplog.records if r.name == "django_idempotency"]
-        assert logged == [
-            "Idempotency store unusable: IDEMPOTENCY_STORE ="
-            " 'django_idempotency.stores.memory.MemoryStore' keeps its records in the memory of"
-            " one process, and this server runs several worker processes (its WSGI environ says"
-            " wsgi.multiprocess): a retry reaching another worker would run the view again. Use"
-            " the database store (the default) or django_idempotency.stores.redis.RedisStore,"
-            " or serve with one worker process."
-        ] * 2
+        assert (
+            logged
+            == [
+                "Idempotency store unusable: IDEMPOTENCY_STORE ="
+                " 'django_idempotency.stores.memory.MemoryStore' keeps its records in the memory of"
+                " one process, and this server runs several worker processes (its WSGI environ says"
+                " wsgi.multiprocess): a retry reaching another worker would run the view again. Use"
+                " the database store (the default) or django_idempotency.stores.redis.RedisStore,"
+                " or serve with one worker process."
+            ]
+            * 2
+        )
     else:  # runserver, or gunicorn with one worker: the store serves that one process.
         assert (first[0], retry[0]) == (201, 201)
         assert first[1] == retry[1]
