@@ -11,11 +11,14 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from django.contrib import admin
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from django_idempotency import idempotent
+from django_idempotency.models import OutboundCall
 from tests.models import Charge
 
 KEY_HEADER = "Idempotency-Key"
@@ -29,6 +32,7 @@ class Seen:
     key: str | None
     step_header: str | None  # The adapter's step header, which must never arrive here.
     body: bytes
+    journaled: str | None  # The outcome of the caller's journal row as the request arrived.
 
 
 @dataclass
@@ -48,15 +52,16 @@ class Downstream:
         return f"/downstream/scripted/{name}/"
 
     def note(self, name: str, request: HttpRequest) -> int:
+        key = request.headers.get(KEY_HEADER)
+        seen = Seen(
+            request.method or "",
+            key,
+            request.headers.get("Idempotency-Step"),
+            request.body,
+            _journaled(key),
+        )
         with self.lock:
-            self.seen[name].append(
-                Seen(
-                    request.method or "",
-                    request.headers.get(KEY_HEADER),
-                    request.headers.get("Idempotency-Step"),
-                    request.body,
-                )
-            )
+            self.seen[name].append(seen)
             return len(self.seen[name])
 
     def keys(self, name: str) -> list[str | None]:
@@ -70,6 +75,16 @@ class Downstream:
 
 
 DOWNSTREAM = Downstream()
+
+
+def _journaled(key: str | None) -> str | None:
+    if key is None:
+        return None
+    try:
+        outcomes = OutboundCall.objects.filter(key=key).values_list("outcome", flat=True)
+        return outcomes.first()
+    except DatabaseError:  # A test that took the database away: it answers all the same.
+        return None
 
 
 @csrf_exempt
@@ -99,7 +114,33 @@ def slow(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"late": True}, status=201)
 
 
+# The caller's side: an operation of this project that calls the downstream.
+CRASHES: list[bool] = []  # Each run of `pay` pops one: True crashes it after its call.
+
+
+@csrf_exempt
+@idempotent(mode="lease")
+def pay(request: HttpRequest) -> HttpResponse:
+    """A guarded view of the caller's: charges through the outbound client, in step "charge"."""
+    import httpx
+
+    from django_idempotency.outbound import IdempotentTransport
+
+    order = json.loads(request.body)
+    with httpx.Client(transport=IdempotentTransport(namespace="bank")) as client:
+        charged = client.post(
+            order["url"],
+            json={"amount": order["amount"]},
+            extensions={"idempotency_step": "charge"},
+        )
+    if CRASHES and CRASHES.pop(0):
+        raise RuntimeError("The caller crashed after its call.")
+    return JsonResponse(charged.json(), status=201)
+
+
 urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("caller/pay/", pay),
     path("downstream/scripted/<str:name>/", scripted),
     path("downstream/guarded/", guarded),
     path("downstream/slow/", slow),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterator
-from email.utils import format_datetime
 from datetime import UTC, datetime
+from email.utils import format_datetime
 from typing import Any
 
 import pytest
