@@ -22,8 +22,6 @@ from prometheus_client import REGISTRY
 from django_idempotency import idempotent_function, signals
 from django_idempotency.models import OutboundCall
 from django_idempotency.outbound import IdempotentTransport, journal
-from django_idempotency.outbound.outcomes import outcome_of
-from django_idempotency.outbound.policy import Failure, Result
 from django_idempotency.purge import purge_expired_records
 from tests.downstream import Downstream, reset_downstream
 from tests.factories import UserFactory
@@ -152,25 +150,6 @@ def test_a_run_after_a_crash_goes_on_with_the_same_row(
 
     call = OutboundCall.objects.get()
     assert (call.outcome, call.attempts, call.last_status) == ("confirmed", 2, 201)
-
-
-@pytest.mark.parametrize(
-    ("result", "earlier", "outcome"),
-    [
-        (Result(201), True, "confirmed"),
-        (Result(402), True, "confirmed"),
-        (Result(400), False, "failed"),
-        (Result(400), True, "ambiguous"),
-        (Result(503), False, "failed"),
-        (Result(409), False, "ambiguous"),
-        (Result(500), False, "ambiguous"),
-        (Result(failure=Failure.UNSENT), False, "failed"),
-        (Result(failure=Failure.UNSENT), True, "ambiguous"),
-        (Result(failure=Failure.LOST), False, "ambiguous"),
-    ],
-)
-def test_the_outcome_of_a_last_answer(result: Result, earlier: bool, outcome: str) -> None:
-    assert outcome_of(result, earlier_may_have_run=earlier) == outcome
 
 
 def test_in_a_transaction_the_row_is_written_with_a_warning_once(

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from django_idempotency.outbound import RetryPolicy
-from django_idempotency.outbound.policy import Decision, Failure, Result
 from tests.downstream import Downstream, reset_downstream
 from tests.outbound_clients import CALLERS, Caller, Clock, refused_port
 
@@ -254,54 +252,3 @@ def test_a_timeout_is_retried_with_the_same_key_then_raised(
 
     assert downstream.keys("slow") == [KEY, KEY]
     assert clock.slept == [0.5]
-
-
-# The decision alone, without a server: what the policy asks for each answer.
-
-
-def decide(result: Result, attempt: int = 1, elapsed: float = 0.0, **policy: Any) -> Decision:
-    rules = RetryPolicy(random=lambda low, high: high, now=lambda: 0.0, **policy)
-    return rules.decide(result, attempt=attempt, elapsed=elapsed, keyed=True)
-
-
-@pytest.mark.parametrize(
-    ("result", "retried"),
-    [
-        (Result(200), False),
-        (Result(302), False),
-        (Result(402), False),
-        (Result(404), False),
-        (Result(500), False),
-        (Result(409), True),
-        (Result(429), True),
-        (Result(502), True),
-        (Result(503), True),
-        (Result(504), True),
-        (Result(failure=Failure.UNSENT), True),
-        (Result(failure=Failure.LOST), True),
-    ],
-)
-def test_which_answers_are_retried(result: Result, retried: bool) -> None:
-    assert decide(result).retry is retried
-
-
-def test_the_retried_statuses_can_be_tuned() -> None:
-    assert decide(Result(500), retried_statuses=frozenset({500})).retry
-    assert not decide(Result(503), retried_statuses=frozenset({500})).retry
-
-
-def test_retry_after_is_read_without_regard_to_case_and_ignored_when_unreadable() -> None:
-    assert decide(Result(503, {"retry-after": "3"})).delay == 3.0
-    assert decide(Result(503, {"Retry-After": "soon"})).delay == 0.5  # The backoff instead.
-    # A date in the past: retry at once.
-    past = "Wed, 21 Oct 2015 07:28:00 GMT"
-    assert decide(Result(503, {"Retry-After": past})).delay == 0.0
-
-
-@pytest.mark.parametrize(
-    ("option", "value"),
-    [("max_attempts", 0), ("max_attempts", 1.5), ("deadline", -1), ("base_delay", "1")],
-)
-def test_a_policy_with_a_wrong_value_says_which(option: str, value: Any) -> None:
-    with pytest.raises(ValueError, match=option):
-        RetryPolicy(**{option: value})
