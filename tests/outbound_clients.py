@@ -93,8 +93,7 @@ class HttpxCaller(Caller):
     def send(self, method: str, url: str, **kwargs: Any) -> Answer:
         transport = IdempotentTransport(policy=self.policy, **self.options)
         with httpx.Client(transport=transport) as client:
-            response = client.request(method, url, **_httpx_arguments(**kwargs))
-            return Answer(response.status_code, response.headers, was_replayed(response))
+            return answer_of(client.request(method, url, **_httpx_arguments(**kwargs)))
 
 
 class AsyncHttpxCaller(Caller):
@@ -107,8 +106,7 @@ class AsyncHttpxCaller(Caller):
     async def _send(self, method: str, url: str, **kwargs: Any) -> Answer:
         transport = AsyncIdempotentTransport(policy=self.policy, **self.options)
         async with httpx.AsyncClient(transport=transport) as client:
-            response = await client.request(method, url, **_httpx_arguments(**kwargs))
-            return Answer(response.status_code, response.headers, was_replayed(response))
+            return answer_of(await client.request(method, url, **_httpx_arguments(**kwargs)))
 
 
 class RequestsCaller(Caller):
@@ -132,8 +130,13 @@ class RequestsCaller(Caller):
             headers["Idempotency-Step"] = step
         with requests.Session() as session:
             session.mount("http://", IdempotentAdapter(policy=self.policy, **self.options))
-            response = session.request(method, url, headers=headers, timeout=timeout, json=json)
-            return Answer(response.status_code, response.headers, was_replayed(response))
+            return answer_of(
+                session.request(method, url, headers=headers, timeout=timeout, json=json)
+            )
+
+
+def answer_of(response: httpx.Response | requests.Response) -> Answer:
+    return Answer(response.status_code, response.headers, was_replayed(response))
 
 
 def _httpx_arguments(

@@ -11,10 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.db import connection, transaction
-from django.test import Client, override_settings
+from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 from prometheus_client import REGISTRY
@@ -24,8 +23,8 @@ from django_idempotency.models import OutboundCall
 from django_idempotency.outbound import IdempotentTransport, journal
 from django_idempotency.purge import purge_expired_records
 from tests.downstream import Downstream, reset_downstream
-from tests.factories import UserFactory
 from tests.outbound_clients import CALLERS, Clock, HttpxCaller, refused_port
+from tests.test_admin import staff_client
 from tests.utils import lose_database
 
 pytestmark = [pytest.mark.urls("tests.downstream"), pytest.mark.django_db(transaction=True)]
@@ -282,18 +281,6 @@ def test_the_purge_follows_the_ttl(downstream: Downstream, url: Callable[[str], 
 # The admin.
 
 
-def staff(*codenames: str) -> Client:
-    user = UserFactory(is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(
-            content_type__app_label="django_idempotency", codename__in=codenames
-        )
-    )
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 @pytest.fixture
 def journaled() -> None:
     now = timezone.now()
@@ -333,7 +320,7 @@ def listed(response: Any) -> set[str]:
     ],
 )
 def test_the_admin_lists_filters_and_searches_the_journal(query: str, keys: set[str]) -> None:
-    response = staff("view_outboundcall").get(CHANGELIST + query)
+    response = staff_client("view_outboundcall").get(CHANGELIST + query)
 
     assert response.status_code == 200
     assert listed(response) == keys
@@ -341,7 +328,7 @@ def test_the_admin_lists_filters_and_searches_the_journal(query: str, keys: set[
 
 @pytest.mark.usefixtures("journaled")
 def test_the_admin_shows_a_call_read_only() -> None:
-    viewer = staff("view_outboundcall")
+    viewer = staff_client("view_outboundcall")
     call = OutboundCall.objects.get(key="k-ambiguous")
 
     detail = viewer.get(reverse("admin:django_idempotency_outboundcall_change", args=[call.pk]))
@@ -356,4 +343,4 @@ def test_the_admin_shows_a_call_read_only() -> None:
 
 @pytest.mark.usefixtures("journaled")
 def test_the_admin_journal_needs_the_view_permission() -> None:
-    assert staff().get(CHANGELIST).status_code == 403
+    assert staff_client().get(CHANGELIST).status_code == 403

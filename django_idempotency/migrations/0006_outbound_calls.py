@@ -169,5 +169,5 @@ class Migration(migrations.Migration):
             },
         ),
         # Reversed with the table, which goes with it.
-        migrations.RunPython(binary_key, migrations.RunPython.noop, elidable=False),
+        migrations.RunPython(binary_key, migrations.RunPython.noop, atomic=False, elidable=False),
     ]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
 from django_idempotency.contrib import missing
 
 try:
@@ -38,14 +41,25 @@ class HttpxWire:
 
 
 _WIRE = HttpxWire()
+Inner = TypeVar("Inner", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 
-class _Keyed:
-    """What both transports share: the policy, the key's namespace and header, the journal."""
+class _Keyed(Generic[Inner]):
+    """What both transports share: the inner transport, the policy, the key's namespace and
+    header, the journal switch."""
+
+    inner: Callable[[], Inner]  # Builds the inner transport when none is given.
 
     def __init__(
-        self, *, policy: RetryPolicy | None, namespace: str, header: str, journal: bool
+        self,
+        transport: Inner | None = None,
+        *,
+        policy: RetryPolicy | None = None,
+        namespace: str = "default",
+        header: str = KEY_HEADER,
+        journal: bool = True,
     ) -> None:
+        self.transport: Inner = transport if transport is not None else self.inner()
         self.policy = policy or RetryPolicy()
         self.namespace = namespace
         self.header = header
@@ -69,7 +83,7 @@ class _Keyed:
         return exchange
 
 
-class IdempotentTransport(_Keyed, httpx.BaseTransport):
+class IdempotentTransport(_Keyed[httpx.BaseTransport], httpx.BaseTransport):
     """Wraps a transport (by default `httpx.HTTPTransport()`): each unsafe request carries a
     key derived from the operation and step it is made in, and is retried by `policy`.
 
@@ -77,17 +91,7 @@ class IdempotentTransport(_Keyed, httpx.BaseTransport):
     ``extensions={"idempotency_step": "charge"}``.
     """
 
-    def __init__(
-        self,
-        transport: httpx.BaseTransport | None = None,
-        *,
-        policy: RetryPolicy | None = None,
-        namespace: str = "default",
-        header: str = KEY_HEADER,
-        journal: bool = True,
-    ) -> None:
-        super().__init__(policy=policy, namespace=namespace, header=header, journal=journal)
-        self.transport = transport or httpx.HTTPTransport()
+    inner = httpx.HTTPTransport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         exchange = self.exchange(request)
@@ -98,21 +102,11 @@ class IdempotentTransport(_Keyed, httpx.BaseTransport):
         self.transport.close()
 
 
-class AsyncIdempotentTransport(_Keyed, httpx.AsyncBaseTransport):
+class AsyncIdempotentTransport(_Keyed[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport):
     """`IdempotentTransport` for ``httpx.AsyncClient`` (by default around
     `httpx.AsyncHTTPTransport()`)."""
 
-    def __init__(
-        self,
-        transport: httpx.AsyncBaseTransport | None = None,
-        *,
-        policy: RetryPolicy | None = None,
-        namespace: str = "default",
-        header: str = KEY_HEADER,
-        journal: bool = True,
-    ) -> None:
-        super().__init__(policy=policy, namespace=namespace, header=header, journal=journal)
-        self.transport = transport or httpx.AsyncHTTPTransport()
+    inner = httpx.AsyncHTTPTransport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         exchange = self.exchange(request)
