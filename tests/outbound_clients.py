@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +158,7 @@ CALLERS: dict[str, type[Caller]] = {
 }
 
 
+@contextmanager
 def refused_port() -> Iterator[int]:
     """A loopback port bound but not listening: every connection to it is refused."""
     with socket.socket() as sock:

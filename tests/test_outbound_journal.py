@@ -118,13 +118,8 @@ def test_a_lost_answer_is_ambiguous(downstream: Downstream, url: Callable[[str],
 
 
 def test_a_connection_never_made_fails_the_call() -> None:
-    refused = refused_port()
-    port = next(refused)
-    try:
-        with pytest.raises(httpx.ConnectError):
-            send(f"http://127.0.0.1:{port}/charges/", max_attempts=2)
-    finally:
-        refused.close()
+    with refused_port() as port, pytest.raises(httpx.ConnectError):
+        send(f"http://127.0.0.1:{port}/charges/", max_attempts=2)
 
     call = OutboundCall.objects.get()
     assert (call.outcome, call.last_status, call.last_error) == ("failed", None, "ConnectError")

@@ -231,13 +231,10 @@ def test_a_downstream_still_running_the_key_or_a_gateway_timeout_is_retried(
 
 
 def test_a_refused_connection_is_retried_then_raised(caller: MakeCaller, clock: Clock) -> None:
-    port = next(refused := refused_port())
-    try:
-        driver = caller(max_attempts=3)
-        with pytest.raises(driver.connect_error):
-            driver.send("POST", f"http://127.0.0.1:{port}/charges/", key=KEY)
-    finally:
-        refused.close()
+    driver = caller(max_attempts=3)
+
+    with refused_port() as port, pytest.raises(driver.connect_error):
+        driver.send("POST", f"http://127.0.0.1:{port}/charges/", key=KEY)
 
     assert clock.slept == [0.5, 1.0]
 
