@@ -139,7 +139,8 @@ class Settings:
 
     @cached_property
     def LEASE(self) -> timedelta:
-        return to_timedelta(self._get("IDEMPOTENCY_LEASE", 60), "IDEMPOTENCY_LEASE")
+        value, setting = self._option("lease")
+        return to_timedelta(value, setting)
 
     @cached_property
     def WAIT_TIMEOUT(self) -> timedelta:
