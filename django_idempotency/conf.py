@@ -143,6 +143,10 @@ class Settings:
         return to_timedelta(value, setting)
 
     @cached_property
+    def LEASE_RENEWAL(self) -> bool:
+        return to_bool(self._get("IDEMPOTENCY_LEASE_RENEWAL", True), "IDEMPOTENCY_LEASE_RENEWAL")
+
+    @cached_property
     def WAIT_TIMEOUT(self) -> timedelta:
         return to_timedelta(self._get("IDEMPOTENCY_WAIT_TIMEOUT", 10), "IDEMPOTENCY_WAIT_TIMEOUT")
 

@@ -162,6 +162,12 @@ class BaseStore:
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         raise NotImplementedError
 
+    def claims_privately(self) -> bool:
+        """Whether a claim made now stays unseen by other connections until the caller's
+        transaction commits (a lease-mode claim under ATOMIC_REQUESTS): nobody can take it over
+        meanwhile, so its lease is not renewed."""
+        return False
+
     def forget(self, scopes: Iterable[Scope]) -> None:
         """Nothing is kept elsewhere by default."""
 

@@ -109,6 +109,9 @@ class CacheTier(BaseStore):
     def release(self, claim: Claim) -> bool:
         return self.inner.release(claim)
 
+    def claims_privately(self) -> bool:
+        return self.inner.claims_privately()
+
     def renew(self, claim: Claim, until: datetime) -> bool:
         return self.inner.renew(claim, until)  # In-progress records are never cached.
 

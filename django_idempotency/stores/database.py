@@ -290,6 +290,9 @@ class DatabaseStore(BaseStore):
             deleted, _ = in_progress.delete()
         return deleted == 1
 
+    def claims_privately(self) -> bool:
+        return self.connection.in_atomic_block
+
     def renew(self, claim: Claim, until: datetime) -> bool:
         held = self._own(claim).filter(status=Status.IN_PROGRESS.value)
         with _reachable(self.connection):
