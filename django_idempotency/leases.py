@@ -47,6 +47,9 @@ class Hold:
     due: float = 0.0  # time.monotonic() of the next renewal.
     ended: bool = False
     order: int = field(default=0, repr=False)  # Ties in `due` keep their order in the heap.
+    # Held while a renewal is under way: ending the hold waits for it, so that no renewal
+    # lands after the claim's last write (a lease ended on failure would be extended again).
+    renewing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def interval(self) -> float:
@@ -82,6 +85,8 @@ class Heartbeat:
         hold.due = time.monotonic() + hold.interval
         with self._wake:
             self._push(hold)
+            if self._due[0][2] is hold:
+                self._wake.notify()  # Sooner than the thread was to wake (or it waits for none).
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._serve, name="django-idempotency-heartbeat", daemon=True
@@ -92,7 +97,8 @@ class Heartbeat:
     def end(self, hold: Hold) -> None:
         """Renew no more; holds that ended at the head of the schedule are dropped at once, so
         that the thread does not wake for them."""
-        hold.ended = True
+        with hold.renewing:
+            hold.ended = True
         with self._wake:
             while self._due and self._due[0][2].ended:
                 heapq.heappop(self._due)
@@ -140,6 +146,12 @@ class Heartbeat:
 
     def _renew(self, hold: Hold) -> bool:
         """Renew one hold's lease; whether to keep renewing it."""
+        with hold.renewing:
+            if hold.ended:
+                return False
+            return self._renew_held(hold)
+
+    def _renew_held(self, hold: Hold) -> bool:
         holder, claim = hold.holder, hold.holder.claim
         if claim is None or type(holder.store) in self._unrenewable:
             return False
@@ -162,7 +174,7 @@ class Heartbeat:
         except Exception:
             logger.exception("Could not renew an idempotency lease; retried at the next beat")
             return True
-        if not renewed and not hold.ended:
+        if not renewed:
             # Taken over (the lease ran out while this process stalled) or released by an
             # operator: the work learns it before its next step or outbound call.
             logger.warning(

@@ -1,4 +1,4 @@
-"""Steps of an operation: recovery points a retry skips, whose outbound calls share a derived key."""
+"""Steps of an operation: recovery points a retry skips, whose outbound calls share a key."""
 
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ def step(name: str, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     Otherwise the lease is checked first (`LeaseLost` if it was taken over), `func` runs with
     `current_step_name()` set to `name` (outbound calls derive their keys from it), and its
     result is stored as JSON (a dataclass or pydantic model named by `func`'s return annotation
-    comes back as one) with one fenced write. Outside a guarded operation `func` simply runs.
+    comes back as one) with one fenced write. Outside a guarded operation `func` simply runs
+    (in the step: `current_step_name()` is `name`), and nothing is stored.
     """
     attempt = _operation(name)
     if attempt is None:
-        return func(*args, **kwargs)
+        with _in_step(name):
+            return func(*args, **kwargs)
     serializer = serializer_for(func)
     stored = attempt.stored_step(name)
     if stored is not None:
@@ -52,7 +54,8 @@ async def astep(name: str, func: Callable[..., Awaitable[T]], /, *args: Any, **k
     """`step` for a coroutine function, awaited; the store is called through `sync_to_async`."""
     attempt = _operation(name)
     if attempt is None:
-        return await func(*args, **kwargs)
+        with _in_step(name):
+            return await func(*args, **kwargs)
     serializer = serializer_for(func)
     stored = attempt.stored_step(name)
     if stored is not None:

@@ -265,9 +265,11 @@ class RedisStore(BaseStore):
 
     def renew(self, claim: Claim, until: datetime) -> bool:
         assert claim.scope is not None and claim.expires_at is not None
+        # To the millisecond below: a lease ended "now" has ended for a retry in the same one.
+        end = _ms(until.replace(microsecond=until.microsecond // 1000 * 1000))
         now = _ms(datetime.now(tz=until.tzinfo))
-        lives = max(_ms(claim.expires_at), _ms(until)) - now  # As a claim's key lives.
-        args = [claim.lease_token, _ms(until), max(lives, 1)]
+        lives = max(_ms(claim.expires_at), end) - now  # As a claim's key lives.
+        args = [claim.lease_token, end, max(lives, 1)]
         renewed = bool(self._run(RENEW, self.record_key(claim.scope), args))
         if renewed:
             claim.lease_expires_at = until
