@@ -16,12 +16,17 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import path
 from django.utils import timezone
+from rest_framework import viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from django_idempotency import idempotent, idempotent_function
 from django_idempotency.attempts import current_attempt
+from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.core.outcomes import Claim, Outcome, StoredResponse
 from django_idempotency.exceptions import LeaseLost
 from django_idempotency.leases import heartbeat
+from django_idempotency.models import IdempotencyRecord
 from django_idempotency.steps import step
 from django_idempotency.stores import ClaimRequest, get_store
 from tests.stores import the_record
@@ -166,3 +171,55 @@ def test_a_renewal_that_cannot_reach_the_store_is_retried_and_the_work_goes_on(
     assert runs == {"charge": 1, "ship": 1}
     assert any(r.getMessage().startswith("Could not renew") for r in caplog.records)
     assert the_record().status == "completed"
+
+
+class LeasedViewSet(IdempotencyMixin, viewsets.ViewSet):
+    idempotency_mode = "lease"
+    idempotency_lease = 7
+
+    def create(self, request: Request) -> Response:
+        record = IdempotencyRecord.objects.get()  # In progress, as the claim wrote it.
+        assert record.lease_expires_at is not None
+        return Response({"lease": (record.lease_expires_at - record.created_at).total_seconds()})
+
+
+@idempotent(mode="lease", lease=timedelta(seconds=9))
+def leased_view(request: HttpRequest) -> HttpResponse:
+    record = IdempotencyRecord.objects.get()
+    assert record.lease_expires_at is not None
+    return JsonResponse({"lease": (record.lease_expires_at - record.created_at).total_seconds()})
+
+
+@idempotent(mode="lease", lease=0.15)
+def slow_under_atomic_requests(request: HttpRequest) -> HttpResponse:
+    time.sleep(0.5)  # Past three renewals' due times: the heartbeat would have run.
+    return JsonResponse({"done": True}, status=201)
+
+
+urlpatterns += [
+    path("viewset/", LeasedViewSet.as_view({"post": "create"})),
+    path("leased/", leased_view),
+    path("atomic-requests/", slow_under_atomic_requests),
+]
+
+
+@pytest.mark.parametrize(("url", "lease"), [("/viewset/", 7), ("/leased/", 9)])
+def test_a_views_lease_is_the_one_it_asks_for(url: str, lease: float) -> None:
+    response = post(Client(), url, key="lease-1")
+
+    assert response.json() == {"lease": lease}
+
+
+@pytest.mark.postgresql
+@pytest.mark.usefixtures("atomic_requests")
+def test_a_lease_mode_claim_inside_the_requests_transaction_is_not_renewed_from_outside(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Another connection cannot see the uncommitted claim: its renewal would find nothing and
+    # take the claim for lost. Nobody can take it over before it commits, so none is needed.
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        assert post(Client(), "/atomic-requests/", key="ar-1").status_code == 201
+    replay = post(Client(), "/atomic-requests/", key="ar-1")
+
+    assert replay["Idempotent-Replayed"] == "true"
+    assert not [r for r in caplog.records if "renew" in r.getMessage()]
