@@ -289,9 +289,9 @@ def test_a_killed_process_frees_its_renewed_key_within_one_lease(tmp_path: Path)
     marker = tmp_path / "claimed"
     connection.close()  # SQLite: let the other process write.
     env = {
+        "DJANGO_SETTINGS_MODULE": "tests.settings",  # Unless the run names its own.
         **os.environ,
         "DATABASE_URL": _database_url(),
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
     }
     holder = subprocess.Popen(
         [sys.executable, "-m", "tests.lease_holder", "killed-1", str(marker), "60"],
