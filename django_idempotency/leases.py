@@ -26,6 +26,8 @@ BEATS_PER_LEASE = 3
 # The thread wakes at most this often (seconds): renewals due within it go in one round, and a
 # stream of short requests, whose holds all end before they are due, does not wake it each.
 NAP = 0.05
+# Ended holds the schedule may keep before it is rebuilt without them (when they are most of it).
+COMPACT_AFTER = 1024
 
 
 class Holder(Protocol):
@@ -73,6 +75,7 @@ class Heartbeat:
         self._pid = os.getpid()
         self._wake = threading.Condition()
         self._due: list[tuple[float, int, Hold]] = []
+        self._ended = 0  # Ended holds still in the schedule (it drops them as they come due).
         self._counter = itertools.count()
         self._thread: threading.Thread | None = None
         self._unrenewable: set[type[BaseStore]] = set()
@@ -100,8 +103,16 @@ class Heartbeat:
         with hold.renewing:
             hold.ended = True
         with self._wake:
+            self._ended += 1
             while self._due and self._due[0][2].ended:
                 heapq.heappop(self._due)
+                self._ended -= 1
+            if self._ended > COMPACT_AFTER and 2 * self._ended > len(self._due):
+                # Ended holds behind a long one: rebuilt without them, so that the schedule
+                # stays as large as the work running, not as the requests of the last lease.
+                self._due = [entry for entry in self._due if not entry[2].ended]
+                heapq.heapify(self._due)
+                self._ended = 0
 
     def beat(self) -> None:
         """Renew every live hold now, in the calling thread: what tests drive a round with."""
@@ -120,6 +131,7 @@ class Heartbeat:
                 now = time.monotonic()
                 while self._due and self._due[0][2].ended:
                     heapq.heappop(self._due)
+                    self._ended -= 1
                 if not self._due:
                     self._wake.wait()
                     continue
@@ -128,7 +140,11 @@ class Heartbeat:
                     continue
                 due = []
                 while self._due and self._due[0][0] <= now + NAP:
-                    due.append(heapq.heappop(self._due)[2])
+                    hold = heapq.heappop(self._due)[2]
+                    if hold.ended:
+                        self._ended -= 1
+                    else:
+                        due.append(hold)
             self._round(due)
 
     def _round(self, due: list[Hold]) -> None:
