@@ -1019,7 +1019,8 @@ def test_an_unapplied_migration_is_reported_by_check_database() -> None:
     assert message.level == WARNING
     assert message.msg == (
         "The database 'default' lacks migrations of django_idempotency:"
-        " 0003_binary_scope_on_mariadb, 0004_decrypted_response_permission."
+        " 0003_binary_scope_on_mariadb, 0004_decrypted_response_permission,"
+        " 0005_record_steps."
     )
     assert str(message.hint).startswith("Run `python manage.py migrate django_idempotency`")
 
