@@ -103,6 +103,10 @@ class Attempt:
     ) -> None:
         if exc is not None:
             self.abort()
+        if _current.get() is self:
+            # Left with the claim still held (a caller that neither completed nor released it):
+            # code running after the block in this thread or task is not part of its work.
+            _current.set(self._outer)
         self._transaction.__exit__(exc_type, exc, tb)  # Commits, or rolls back on an error.
 
     def claim_key(

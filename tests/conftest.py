@@ -106,6 +106,17 @@ def json_support_known(django_db_setup: None, django_db_blocker: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
+def no_operation_left_running() -> Iterator[None]:
+    """A test that leaves a claim held on purpose (standing for a process that died mid-work)
+    leaves its attempt current in this thread too: the next test starts outside any operation,
+    as the next process would."""
+    from django_idempotency.attempts import _current
+
+    yield
+    _current.set(None)
+
+
+@pytest.fixture(autouse=True)
 def built_afresh() -> None:
     """What the package builds once per process and keeps (each backend's statements, the
     configured store, the hooks a view class defines) is built again for each test: no test
