@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_idempotency",
     "testproject.payments",
+    "testproject.bank",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -130,6 +131,10 @@ PAYMENTS_WEBHOOK_SECRET = os.environ.get(
     "PAYMENTS_WEBHOOK_SECRET", "whsec_ZGVtby1vbmx5LW5vdC1hLXJlYWwtc2lnbmluZy1rZXk="
 )
 BANK_API_URL = os.environ.get("BANK_API_URL", "")
+# Test-only: the payouts' crash points (testproject/payments/crashes.py), off unless set.
+DEMO_CRASH_POINTS = os.environ.get("DEMO_CRASH_POINTS", "")
+DEMO_CRASH_SEED = os.environ.get("DEMO_CRASH_SEED", "0")
+DEMO_CRASH_DIR = os.environ.get("DEMO_CRASH_DIR", "")
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
 # Celery, when installed (`celery -A testproject worker --beat`): Redis as broker and result store.
