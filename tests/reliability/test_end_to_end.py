@@ -193,7 +193,7 @@ def test_every_payout_is_executed_once_at_the_bank(
     assert not {status for status in statuses if status >= 500} - {503}, statuses
 
     # At the bank: one transfer per payout, under one key, the one the payout's answer names.
-    transfers = bank_db.rows("SELECT id, reference, key FROM bank_transfer ORDER BY id")
+    transfers = bank_db.rows('SELECT id, reference, "key" FROM bank_transfer ORDER BY id')
     per_reference = Counter(reference for _, reference, _ in transfers)
     per_key = Counter(key for _, _, key in transfers)
     assert per_reference == {payout.reference: 1 for payout in payouts}, per_reference
