@@ -141,6 +141,15 @@ EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799/0")
 CELERY_RESULT_BACKEND = CELERY_BROKER_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+if os.environ.get("CELERY_VISIBILITY_TIMEOUT"):
+    # How soon a message left unacknowledged (acks_late, its worker killed) is delivered again:
+    # an hour by default; the reliability suite shortens it, and looks for such messages every
+    # second.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": float(os.environ["CELERY_VISIBILITY_TIMEOUT"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 CELERY_BEAT_SCHEDULE = {
     "purge-expired-idempotency-records": {
         "task": "django_idempotency.tasks.purge_expired_records",

@@ -1,14 +1,18 @@
 """Scenario 8: exactly once end to end. The demo's payouts call a downstream bank (the demo again,
 on a database of its own, guarded by this package) through a proxy that loses answers, while the
-caller's workers are SIGKILLed at random points; every transfer is executed once at the bank."""
+caller's workers (gunicorn's, or Celery's) are SIGKILLed at random points; every transfer is
+executed once at the bank."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -19,22 +23,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from tests.reliability.client import Answer, post
 from tests.reliability.harness import (
+    LIFETIME,
+    ROOT,
     Database,
     Figure,
     Figures,
     Serve,
     Server,
     Services,
+    demo_environment,
     keep_artefact,
     manage,
+    wait_until,
 )
 from tests.reliability.proxy import DroppingProxy
 
-# The bank keeps its transfers in a database of its own; the payouts' steps and records are in
-# the run's database. The bank's atomic mode needs the database store.
+# The bank's atomic mode needs the database store.
 pytestmark = pytest.mark.database_store
 
 PAYOUTS = 40
@@ -44,9 +52,16 @@ HOLD = 0.15  # Seconds the proxy may hold a request, and again its answer.
 # Each point crashes a payout's worker with this probability (once per point and payout).
 CRASH_POINTS = {"before-call": 0.1, "during-call": 0.1, "after-bank": 0.15, "after-step": 0.1}
 LEASE = 4  # Seconds: a killed worker's payout is taken over this long after its claim.
-KILL_EVERY = (2.0, 4.0)  # Seconds between the harness's own kills of a random caller worker.
-GIVE_UP = 120  # Seconds a payout may take to be answered, crashes included.
+# Seconds between the harness's own kills of a random caller worker: gunicorn's, and Celery's
+# (which take seconds to start again, and redeliver a dead worker's task after VISIBILITY).
+KILL_EVERY = (2.0, 4.0)
+KILL_TASK_WORKER_EVERY = (6.0, 10.0)
+GIVE_UP = 150  # Seconds a payout may take to be answered, crashes included.
 PATH = "/api/payouts/"
+TASK = "testproject.payments.tasks.pay_out_later"
+TASK_NAMESPACE = "payout-tasks"
+CELERY_WORKERS = 3  # Worker processes (solo pool: one task at a time each).
+VISIBILITY = 5  # Seconds before a message whose worker died is delivered again.
 
 
 @dataclass
@@ -87,60 +102,43 @@ def bank(services: Services, serve: Serve) -> Iterator[tuple[Server, Database]]:
         yield running, Database(url)
 
 
-@pytest.fixture(scope="module")
-def proxy(bank: tuple[Server, Database], seed: int) -> Iterator[DroppingProxy]:
-    with DroppingProxy(bank[0].port, drop=DROP, seed=seed, hold=HOLD) as running:
+@contextlib.contextmanager
+def losing_proxy(bank: Server, seed: int) -> Iterator[DroppingProxy]:
+    with DroppingProxy(bank.port, drop=DROP, seed=seed, hold=HOLD) as running:
         yield running
 
 
-@pytest.fixture(scope="module")
-def crash_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("crashes")
-
-
-@pytest.fixture(scope="module")
-def caller(serve: Serve, proxy: DroppingProxy, crash_dir: Path, seed: int) -> Iterator[Server]:
-    """The payment service: the demo, calling the bank through the proxy, with crash points."""
-    with serve(
-        "caller",
-        BANK_API_URL=f"{proxy.url}/bank",
-        IDEMPOTENCY_LEASE=str(LEASE),
-        DEMO_CRASH_POINTS=",".join(f"{point}:{p}" for point, p in CRASH_POINTS.items()),
-        DEMO_CRASH_SEED=str(seed),
-        DEMO_CRASH_DIR=str(crash_dir),
-    ) as running:
-        yield running
-
-
-def pay(caller: Server, payout: Payout) -> None:
-    """Send the payout until it has a final answer, with the same key every time."""
-    deadline = time.monotonic() + GIVE_UP
-    while time.monotonic() < deadline:
-        answer = post(caller.url, PATH, payout.body, payout.key, timeout=30)
-        payout.answers.append((time.time(), answer))
-        if answer.status not in (0, 409, 503):
-            return
-        # 409: the claim of a killed worker, until its lease ends; 0: the worker died.
-        time.sleep(0.25)
+def caller_settings(proxy: DroppingProxy, crash_dir: Path, seed: int) -> dict[str, str]:
+    """The payment service's: the bank through the proxy, the crash points, a short lease."""
+    return {
+        "BANK_API_URL": f"{proxy.url}/bank",
+        "IDEMPOTENCY_LEASE": str(LEASE),
+        "DEMO_CRASH_POINTS": ",".join(f"{point}:{p}" for point, p in CRASH_POINTS.items()),
+        "DEMO_CRASH_SEED": str(seed),
+        "DEMO_CRASH_DIR": str(crash_dir),
+    }
 
 
 class Killer:
-    """Kills a random worker of the server every few seconds (seeded), until stopped."""
+    """Kills one of `workers()` at random every few seconds (seeded), until stopped."""
 
-    def __init__(self, server: Server, seed: int) -> None:
-        self.server = server
+    def __init__(
+        self, workers: Callable[[], list[int]], seed: int, every: tuple[float, float] = KILL_EVERY
+    ) -> None:
+        self.workers = workers
+        self.every = every
         self.random = random.Random(seed)
         self.kills: list[float] = []
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self.stopped.wait(self.random.uniform(*KILL_EVERY)):
-            workers = sorted(self.server.worker_pids())
+        while not self.stopped.wait(self.random.uniform(*self.every)):
+            workers = sorted(self.workers())
             if workers:
                 try:
                     os.kill(self.random.choice(workers), signal.SIGKILL)
-                except ProcessLookupError:  # It died by a crash point meanwhile.
+                except ProcessLookupError:  # It died at a crash point meanwhile.
                     continue
                 self.kills.append(time.time())
 
@@ -160,14 +158,51 @@ def read_crashes(crash_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line]
 
 
+def check_the_bank(
+    bank_db: Database, caller_db: Database, references: list[str], prefix: str
+) -> dict[str, int]:
+    """One transfer per payout at the bank, each under a key of its own, and one settlement per
+    payout at the caller; returns each payout's transfer id."""
+    transfers = bank_db.rows(
+        'SELECT id, reference, "key" FROM bank_transfer WHERE reference LIKE %s ORDER BY id',
+        prefix + "%",
+    )
+    per_reference = Counter(reference for _, reference, _ in transfers)
+    per_key = Counter(key for _, _, key in transfers)
+    assert per_reference == dict.fromkeys(references, 1), per_reference
+    assert set(per_key.values()) == {1}, per_key
+    settlements = Counter(
+        reference
+        for (reference,) in caller_db.rows(
+            "SELECT reference FROM payments_payout WHERE reference LIKE %s", prefix + "%"
+        )
+    )
+    assert settlements == dict.fromkeys(references, 1), settlements
+    return {reference: transfer for transfer, reference, _ in transfers}
+
+
+def crash_notes(crashes: list[dict[str, Any]], kills: list[float]) -> str:
+    points = Counter(crash["point"] for crash in crashes)
+    named = ", ".join(f"{n} {point}" for point, n in sorted(points.items()))
+    return f"{len(crashes) + len(kills)} crashes ({named}, {len(kills)} killed by the harness)"
+
+
+def recovery_notes(recoveries: list[float]) -> str:
+    if not recoveries:
+        return "no payout hit"
+    return (
+        f"{len(recoveries)} payouts hit, recovered in median {statistics.median(recoveries):.1f} "
+        f"s, max {max(recoveries):.1f} s"
+    )
+
+
 def test_every_payout_is_executed_once_at_the_bank(
-    caller: Server,
+    serve: Serve,
     bank: tuple[Server, Database],
-    proxy: DroppingProxy,
-    crash_dir: Path,
     db: Database,
     figures: Figures,
     seed: int,
+    tmp_path: Path,
     timer: Callable[[], float],
 ) -> None:
     bank_server, bank_db = bank
@@ -175,37 +210,44 @@ def test_every_payout_is_executed_once_at_the_bank(
         Payout(f"payout-{number}", f"e2e-{seed}-{number}", 100 + number)
         for number in range(PAYOUTS)
     ]
-    try:
-        with Killer(caller, seed) as killer, ThreadPoolExecutor(CLIENTS) as clients:
-            list(clients.map(lambda payout: pay(caller, payout), payouts))
-    except BaseException:
-        for server in (caller, bank_server):
-            print(f"gunicorn's log kept at {keep_artefact(server.log)}")
-        raise
-    crashes = read_crashes(crash_dir)
 
-    # Every payout was answered 201, and its answer is replayed to a further retry.
-    for payout in payouts:
-        assert payout.final.status == 201, (payout.reference, [str(a) for _, a in payout.answers])
-        again = post(caller.url, PATH, payout.body, payout.key)
-        assert (again.status, again.replayed, again.body) == (201, True, payout.final.body), again
+    def pay(payout: Payout) -> None:
+        """Send the payout until it has a final answer, with the same key every time."""
+        deadline = time.monotonic() + GIVE_UP
+        while time.monotonic() < deadline:
+            answer = post(caller.url, PATH, payout.body, payout.key, timeout=30)
+            payout.answers.append((time.time(), answer))
+            if answer.status not in (0, 409, 503):
+                return
+            # 409: the claim of a killed worker, until its lease ends; 0: the worker died.
+            time.sleep(0.25)
+
+    with (
+        losing_proxy(bank_server, seed) as proxy,
+        serve("caller", **caller_settings(proxy, tmp_path, seed)) as caller,
+    ):
+        try:
+            with Killer(caller.worker_pids, seed) as killer, ThreadPoolExecutor(CLIENTS) as pool:
+                list(pool.map(pay, payouts))
+        except BaseException:
+            for server in (caller, bank_server):
+                print(f"gunicorn's log kept at {keep_artefact(server.log)}")
+            raise
+
+        # Every payout was answered 201, and its answer is replayed to a further retry.
+        for payout in payouts:
+            answers = [str(answer) for _, answer in payout.answers]
+            assert payout.final.status == 201, (payout.reference, answers)
+            again = post(caller.url, PATH, payout.body, payout.key)
+            assert (again.status, again.replayed, again.body) == (201, True, payout.final.body)
+    crashes = read_crashes(tmp_path)
     statuses = Counter(answer.status for payout in payouts for _, answer in payout.answers)
     assert not {status for status in statuses if status >= 500} - {503}, statuses
 
-    # At the bank: one transfer per payout, under one key, the one the payout's answer names.
-    transfers = bank_db.rows('SELECT id, reference, "key" FROM bank_transfer ORDER BY id')
-    per_reference = Counter(reference for _, reference, _ in transfers)
-    per_key = Counter(key for _, _, key in transfers)
-    assert per_reference == {payout.reference: 1 for payout in payouts}, per_reference
-    assert set(per_key.values()) == {1}, per_key
-    by_reference = {reference: transfer for transfer, reference, _ in transfers}
+    # At the bank: one transfer per payout, the one the payout's answer names.
+    transfers = check_the_bank(bank_db, db, [payout.reference for payout in payouts], "payout-")
     for payout in payouts:
-        assert payout.final.json()["bank_transfer"] == by_reference[payout.reference]
-    # And one settlement per payout at the caller.
-    settlements = Counter(
-        reference for (reference,) in db.rows("SELECT reference FROM payments_payout")
-    )
-    assert settlements == {payout.reference: 1 for payout in payouts}, settlements
+        assert payout.final.json()["bank_transfer"] == transfers[payout.reference]
 
     # The run did what it says: workers died at the crash points and by the harness, and the
     # proxy lost answers of transfers the bank executed.
@@ -218,7 +260,6 @@ def test_every_payout_is_executed_once_at_the_bank(
         for payout in payouts
         if (started := payout.first_crash()) is not None
     ]
-    points = Counter(crash["point"] for crash in crashes)
     figures.add(
         Figure(
             "8. end to end",
@@ -229,12 +270,142 @@ def test_every_payout_is_executed_once_at_the_bank(
             server_errors=sum(count for status, count in statuses.items() if status >= 500),
             seconds=timer(),
             notes=(
-                f"{PAYOUTS} payouts; {len(crashes) + len(killer.kills)} crashes "
-                f"({', '.join(f'{n} {point}' for point, n in sorted(points.items()))}, "
-                f"{len(killer.kills)} killed by the harness); {len(dropped)} answers dropped "
-                f"({len(proxy.exchanges)} bank calls); 0 double executions, 0 missing; "
-                f"{len(recoveries)} payouts hit, recovered in median "
-                f"{statistics.median(recoveries):.1f} s, max {max(recoveries):.1f} s"
+                f"{PAYOUTS} payouts; {crash_notes(crashes, killer.kills)}; "
+                f"{len(dropped)} answers dropped ({len(proxy.exchanges)} bank calls); "
+                f"0 double executions, 0 missing; {recovery_notes(recoveries)}"
+            ),
+        )
+    )
+
+
+class CeleryWorkers:
+    """`count` Celery workers of the demo (solo pool), each started again when it dies."""
+
+    def __init__(self, count: int, environment: dict[str, str], log: Path) -> None:
+        self.count = count
+        self.environment = environment
+        self.log = log
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.started = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._supervise, daemon=True)
+        self.lock = threading.Lock()
+
+    def _start_one(self) -> subprocess.Popen[bytes]:
+        # signal.alarm: a worker stops by itself after LIFETIME, even if this test died first.
+        code = (
+            f"import signal, sys; signal.alarm({LIFETIME}); "
+            "from celery.__main__ import main; sys.argv[0] = 'celery'; sys.exit(main())"
+        )
+        command = [
+            sys.executable, "-c", code, "-A", "testproject", "worker", "--pool=solo",
+            "--without-mingle", "--without-gossip", "--without-heartbeat",
+            "--loglevel=INFO", "--prefetch-multiplier=1", f"--hostname=e2e-{self.started}@%h",
+        ]  # fmt: skip
+        self.started += 1
+        with self.log.open("ab") as log:
+            return subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=self.environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _supervise(self) -> None:
+        while not self.stopped.wait(0.2):
+            with self.lock:
+                self.processes = [
+                    process if process.poll() is None else self._start_one()
+                    for process in self.processes
+                ]
+
+    def pids(self) -> list[int]:
+        with self.lock:
+            return [process.pid for process in self.processes if process.poll() is None]
+
+    def __enter__(self) -> CeleryWorkers:
+        with self.lock:
+            self.processes = [self._start_one() for _ in range(self.count)]
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+def test_every_payout_task_is_executed_once_at_the_bank(
+    services: Services,
+    bank: tuple[Server, Database],
+    db: Database,
+    figures: Figures,
+    seed: int,
+    tmp_path: Path,
+    timer: Callable[[], float],
+) -> None:
+    bank_server, bank_db = bank
+    references = [f"task-payout-{number}" for number in range(PAYOUTS)]
+    app = Celery("e2e", broker=f"{services.redis_url}/0", set_as_current=False)
+    completed_at: dict[str, float] = {}
+
+    def completed() -> bool:
+        rows = db.rows(
+            'SELECT "key" FROM django_idempotency_record '
+            "WHERE namespace = %s AND status = 'completed'",
+            TASK_NAMESPACE,
+        )
+        now = time.time()
+        for (reference,) in rows:
+            completed_at.setdefault(reference, now)
+        return len(completed_at) == PAYOUTS
+
+    with losing_proxy(bank_server, seed) as proxy:
+        environment = demo_environment(
+            services,
+            **caller_settings(proxy, tmp_path, seed),
+            CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY),
+        )
+        log = tmp_path / "celery.log"
+        try:
+            with CeleryWorkers(CELERY_WORKERS, environment, log) as workers:
+                for number, reference in enumerate(references):
+                    app.send_task(TASK, kwargs={"reference": reference, "amount": 100 + number})
+                with Killer(workers.pids, seed, KILL_TASK_WORKER_EVERY) as killer:
+                    wait_until(completed, GIVE_UP, "every payout task to complete")
+        except BaseException:
+            print(f"the Celery workers' log kept at {keep_artefact(log)}")
+            raise
+        finally:
+            app.close()
+    crashes = read_crashes(tmp_path)
+
+    check_the_bank(bank_db, db, references, "task-payout-")
+    dropped = proxy.dropped
+    assert crashes, "no crash point fired: raise CRASH_POINTS"
+    assert killer.kills, "the harness killed no worker"
+    assert any(exchange.status == 201 for exchange in dropped), "no answer of the bank was lost"
+    # Recovery: from a crash point's kill to its payout's completion (the harness's kills hit
+    # whatever task the worker ran, which the suite does not know).
+    recoveries = [completed_at[crash["key"]] - crash["at"] for crash in crashes]
+    figures.add(
+        Figure(
+            "8. end to end",
+            f"Celery caller (acks_late, lease {LEASE} s, redelivered after {VISIBILITY} s), "
+            f"bank through a proxy losing {DROP:.0%} of answers",
+            requests=PAYOUTS,
+            executions="1",
+            seconds=timer(),
+            notes=(
+                f"{PAYOUTS} payout tasks, {CELERY_WORKERS} workers started "
+                f"{workers.started} times; {crash_notes(crashes, killer.kills)}; "
+                f"{len(dropped)} answers dropped ({len(proxy.exchanges)} bank calls); "
+                f"0 double executions, 0 missing; {recovery_notes(recoveries)}"
             ),
         )
     )
