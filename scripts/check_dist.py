@@ -15,7 +15,7 @@ Usage: python scripts/check_dist.py WORKDIR [pytest arguments...]
    installed copy can be imported. Extra pytest arguments go to that run.
 
 With --suite, only copies the suite to SUITEDIR and proves that the running interpreter imports
-its installed copy there: the py313-django6-sqlite tox env runs the whole suite from that copy
+its installed copy there: the py313-django6-notz-sqlite tox env runs the whole suite from that copy
 against the wheel tox installed (tox.ini), so the smoke tests here need only prove what that env
 cannot: that the sdist builds a complete, working wheel.
 """
