@@ -30,6 +30,11 @@ class IdempotencyConfig(AppConfig):
         checks.register(
             idempotency_checks.check_database, idempotency_checks.TAG, checks.Tags.database
         )
+        # runserver's start looks for unapplied migrations on `default` only: the records'
+        # database too, when they live elsewhere.
+        from django_idempotency.checks import startup
+
+        startup.install()
 
         if importlib.util.find_spec("rest_framework") is not None:
             # IDEMPOTENCY_GUARD_ALL_VIEWS: read on each request, so installed whatever its value.

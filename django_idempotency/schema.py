@@ -8,7 +8,7 @@ from django_idempotency.conf import conf, load_callable
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores.database import DatabaseStore, records_alias
 
-MIGRATE_HINT = "run `python manage.py migrate django_idempotency`"
+MIGRATE_COMMAND = "python manage.py migrate django_idempotency"
 
 
 def records_database() -> str | None:
@@ -55,4 +55,5 @@ def missing_table_message(alias: str) -> str:
 
 def migrate_hint(alias: str) -> str:
     """What to run: `migrate` for this app, on the records' database."""
-    return MIGRATE_HINT + ("" if alias == "default" else f" --database {alias}")
+    database = "" if alias == "default" else f" --database {alias}"
+    return f"run `{MIGRATE_COMMAND}{database}`"  # The whole command quoted, to copy as it is.

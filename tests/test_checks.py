@@ -7,6 +7,7 @@ import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -990,3 +991,31 @@ def test_the_table_is_looked_for_only_in_a_named_database_of_the_database_store(
     assert checks.check_database() == []
     with configured(IDEMPOTENCY_STORE="tests.test_checks.MemoryStore"):
         assert checks.check_database(databases=["default"]) == []
+
+
+def _runserver_start() -> str:
+    """What runserver prints about migrations as it starts, before it serves."""
+    from django.core.management.commands.runserver import Command as Runserver
+
+    stdout = StringIO()
+    Runserver(stdout=stdout, no_color=True).check_migrations()
+    return stdout.getvalue()
+
+
+@pytest.mark.django_db(databases=["default", "records"], transaction=True)
+def test_runserver_warns_of_a_migration_missing_on_the_records_database() -> None:
+    with configured(IDEMPOTENCY_DATABASE="records"):
+        call_command("migrate", "django_idempotency", "0002", database="records", verbosity=0)
+        try:
+            lacking = _runserver_start()
+        finally:
+            call_command("migrate", "django_idempotency", database="records", verbosity=0)
+        migrated = _runserver_start()
+
+    assert lacking == (
+        "\n?: (django_idempotency.W007) The database 'records' lacks migrations of"
+        " django_idempotency: 0003_binary_scope_on_mariadb, 0004_decrypted_response_permission."
+        "\n\tHINT: Run `python manage.py migrate django_idempotency --database records`: the"
+        " store's statements expect the schema of the last migration.\n"
+    )
+    assert migrated == ""

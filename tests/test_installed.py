@@ -1,5 +1,7 @@
 """A project that forgot "django_idempotency" in INSTALLED_APPS is told so, with the fix, by the
-decorator, the mixin and the middleware: not a 500 about a model outside INSTALLED_APPS."""
+decorator, the mixin, the middleware, an idempotent function and task on the database store: not
+an error about a model outside INSTALLED_APPS. The memory and Redis stores need no model: their
+functions run without the app."""
 
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ from django.urls import path
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import idempotent
+from django_idempotency import idempotent, idempotent_function
+from django_idempotency.conf import conf
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
 
 answers = {}
@@ -81,7 +84,34 @@ class PlainURLs:
     urlpatterns = [path("orders/", plain)]
 
 
+def run_function():
+    @idempotent_function(key="order_id")
+    def charge(order_id):
+        return {"charged": order_id}
+
+    return charge("o-1")
+
+
+def run_task():
+    from celery import Celery
+    from django_idempotency.contrib.celery import idempotent_task
+
+    app = Celery("probe", set_as_current=False)
+    app.conf.task_always_eager = True
+
+    @idempotent_task(app=app)
+    def send(order_id):
+        return {"sent": order_id}
+
+    return send.delay("o-1").get()
+
+
 attempt("decorator", decorate)
+attempt("function", run_function)
+attempt("task", run_task)
+with override_settings(IDEMPOTENCY_STORE="django_idempotency.stores.memory.MemoryStore"):
+    conf.reload()  # Its receiver of setting_changed is connected by the app's ready(): not here.
+    attempt("function, memory store", run_function)
 with override_settings(ROOT_URLCONF=MixinURLs):
     attempt("mixin, keyed", lambda: post("/orders/", "k1"))
     attempt("mixin, no key", lambda: post("/orders/", None))
@@ -111,9 +141,15 @@ SAYS = (
 
 
 @pytest.mark.parametrize(
-    "entry_point", ["decorator", "mixin, keyed", "mixin, no key", "middleware"]
+    "entry_point",
+    ["decorator", "mixin, keyed", "mixin, no key", "middleware", "function", "task"],
 )
 def test_each_entry_point_says_the_app_is_not_installed_and_how_to_fix_it(
     answers: dict[str, Any], entry_point: str
 ) -> None:
     assert answers[entry_point] == SAYS
+
+
+def test_a_function_on_the_memory_store_runs_without_the_app(answers: dict[str, Any]) -> None:
+    # It needs no model, and worked so before: the app is asked for only by stores that do.
+    assert answers["function, memory store"] == {"charged": "o-1"}

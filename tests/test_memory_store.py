@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
 from django.test import Client
 from django.utils import timezone
 
@@ -135,3 +138,89 @@ def _post_in_forked_worker() -> dict[str, Any]:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, answer
     return json.loads(answer)  # type: ignore[no-any-return]
+
+
+# Without --preload, each of gunicorn's workers creates a store of its own: no fork follows the
+# store, yet each worker keeps its own records. The server says it runs several processes
+# (PEP 3333's wsgi.multiprocess), and the guard refuses the store on that word.
+# (tests/test_walkthrough.py runs gunicorn --workers 2 for real.)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("multiprocess", [True, False], ids=["several workers", "one worker"])
+def test_a_server_of_several_processes_refuses_the_memory_store_and_one_process_keeps_it(
+    multiprocess: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    with using_store("memory"):
+        first, retry = (_serve_wsgi(multiprocess) for _ in range(2))
+
+    if multiprocess:
+        for status, body in (first, retry):
+            assert status == 500
+            assert body["type"].endswith("store-misconfigured")
+        logged = [r.getMessage() for r in caplog.records if r.name == "django_idempotency"]
+        assert (
+            logged
+            == [
+                "Idempotency store unusable: IDEMPOTENCY_STORE ="
+                " 'django_idempotency.stores.memory.MemoryStore' keeps its records in the memory of"
+                " one process, and this server runs several worker processes (its WSGI environ says"
+                " wsgi.multiprocess): a retry reaching another worker would run the view again. Use"
+                " the database store (the default) or django_idempotency.stores.redis.RedisStore,"
+                " or serve with one worker process."
+            ]
+            * 2
+        )
+    else:  # runserver, or gunicorn with one worker: the store serves that one process.
+        assert (first[0], retry[0]) == (201, 201)
+        assert first[1] == retry[1]
+
+
+@pytest.mark.django_db
+def test_the_test_client_keeps_the_memory_store_though_its_environ_says_multiprocess() -> None:
+    # Django's RequestFactory and test client set wsgi.multiprocess whatever runs the test.
+    with using_store("memory"):
+        first, retry = (
+            Client().post("/forms/charges/", {"amount": "5"}, headers={"Idempotency-Key": "t1"})
+            for _ in range(2)
+        )
+        assert first.wsgi_request.META["wsgi.multiprocess"] is True
+
+    assert (first.status_code, retry.status_code) == (201, 201)
+    assert retry["Idempotent-Replayed"] == "true"
+
+
+def _serve_wsgi(multiprocess: bool) -> tuple[int, dict[str, Any]]:
+    """POST a keyed form through Django's WSGI handler as a WSGI server calls it: its status and
+    its JSON body."""
+    from django.core.wsgi import get_wsgi_application
+
+    body = b"amount=5"
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/forms/charges/",
+        "SERVER_NAME": "shop.example",
+        "SERVER_PORT": "80",
+        "CONTENT_TYPE": "application/x-www-form-urlencoded",
+        "CONTENT_LENGTH": str(len(body)),
+        "HTTP_IDEMPOTENCY_KEY": "order-wsgi",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": io.StringIO(),
+        "wsgi.url_scheme": "http",
+        "wsgi.version": (1, 0),
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": multiprocess,
+        "wsgi.run_once": False,
+    }
+    statuses: list[str] = []
+    # As the test client does: the handler would close the connection the test's transaction is on.
+    for signal in (request_started, request_finished):
+        signal.disconnect(close_old_connections)
+    try:
+        chunks = get_wsgi_application()(environ, lambda status, headers: statuses.append(status))
+        content = b"".join(chunks)
+        chunks.close()
+    finally:
+        for signal in (request_started, request_finished):
+            signal.connect(close_old_connections)
+    return int(statuses[0].split()[0]), json.loads(content)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, ProgrammingError
+from django.http import HttpRequest
 from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
 
@@ -20,7 +22,7 @@ from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
 from django_idempotency.encryption import UnreadableResponse
-from django_idempotency.exceptions import DeliveryRejected
+from django_idempotency.exceptions import DeliveryRejected, StoreNotSupported
 from django_idempotency.http import problems
 from django_idempotency.http.credentials import answers_credentials
 from django_idempotency.http.options import Options, Resolved, resolve
@@ -30,7 +32,7 @@ from django_idempotency.http.problems import BODY_ERRORS as BODY_ERRORS
 from django_idempotency.http.problems import body_problem as body_problem
 from django_idempotency.http.requests import SAFE_METHODS, django_request
 from django_idempotency.http.responses import capture, replay, sent_then, without_body
-from django_idempotency.stores import StoreUnavailable
+from django_idempotency.stores import StoreUnavailable, get_store
 from django_idempotency.stores.base import until_sent
 from django_idempotency.stores.connections import on_a_live_connection
 
@@ -121,6 +123,8 @@ class Guard(contextlib.ExitStack):
     def _claim(
         self, settings: Resolved, scope: Scope, request_fingerprint: str, path: str
     ) -> HttpResponseBase | None:
+        if several_processes(self.http_request) and not get_store().shared_between_processes:
+            return problems.unusable_store(StoreNotSupported(_one_process_store()))
         # An async view waits for a running duplicate itself, between tries of its own; one that
         # does not wait is answered (and its conflict announced) at once.
         polls = self.poll and settings.on_conflict == "wait"
@@ -236,6 +240,31 @@ class Guard(contextlib.ExitStack):
         """The view raised: give the key back."""
         if self.attempt is not None:
             self.attempt.abort()
+
+
+def several_processes(request: HttpRequest) -> bool:
+    """Whether the WSGI server says other processes serve the site too (PEP 3333's
+    `wsgi.multiprocess`: gunicorn with more than one worker, uWSGI with several processes).
+
+    An ASGI request carries no such word, and runserver says False. Django's RequestFactory and
+    test client say True whatever runs the test: their body, a FakePayload, tells them apart.
+    """
+    if not request.META.get("wsgi.multiprocess"):
+        return False
+    test_client = sys.modules.get("django.test.client")  # Never imported just to ask.
+    return test_client is None or not isinstance(
+        request.META.get("wsgi.input"), test_client.FakePayload
+    )
+
+
+def _one_process_store() -> str:
+    return (
+        f"IDEMPOTENCY_STORE = {conf.STORE!r} keeps its records in the memory of one process, and"
+        " this server runs several worker processes (its WSGI environ says wsgi.multiprocess):"
+        " a retry reaching another worker would run the view again. Use the database store (the"
+        " default) or django_idempotency.stores.redis.RedisStore, or serve with one worker"
+        " process."
+    )
 
 
 def _store_lost(guard: Guard) -> bool:

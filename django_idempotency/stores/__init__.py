@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from django_idempotency.conf import conf, load_callable
+from django_idempotency.conf import conf, load_callable, require_installed
 from django_idempotency.stores.base import (
     BaseStore,
     ClaimRequest,
@@ -37,7 +37,15 @@ def get_store() -> BaseStore:
 
 @lru_cache(maxsize=8)
 def _store_for(dotted_path: str, cache_alias: str | None) -> BaseStore:
-    store_class = load_callable(dotted_path, "IDEMPOTENCY_STORE")
+    try:
+        store_class = load_callable(dotted_path, "IDEMPOTENCY_STORE")
+    except RuntimeError:
+        # A store keeping its records in this app's model (the database store) cannot even be
+        # imported without the app in INSTALLED_APPS: say that, with the fix, rather than
+        # Django's "isn't in an application in INSTALLED_APPS". The memory and Redis stores need
+        # no model, and so serve functions and tasks without the app.
+        require_installed()
+        raise
     store = store_class()
     if not isinstance(store, BaseStore):
         from django.core.exceptions import ImproperlyConfigured

@@ -127,6 +127,9 @@ class BaseStore:
     """
 
     supports_atomic = False
+    # False for a store whose records live in one process's memory (the memory store): the HTTP
+    # guard refuses it under a server that says several processes serve the site.
+    shared_between_processes = True
 
     def lookup(self, request: ClaimRequest) -> Claim | None:
         return None

@@ -57,6 +57,10 @@ class CacheTier(BaseStore):
         return self.inner.supports_atomic
 
     @property
+    def shared_between_processes(self) -> bool:  # type: ignore[override]
+        return self.inner.shared_between_processes
+
+    @property
     def cache(self) -> BaseCache:
         return caches[self.alias]
 

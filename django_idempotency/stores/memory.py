@@ -33,6 +33,7 @@ class MemoryStore(BaseStore):
     not for production (`check --deploy` refuses it). Lease mode only, like the Redis store."""
 
     supports_atomic = False
+    shared_between_processes = False
 
     def __init__(self) -> None:
         self.records: dict[Scope, Record] = {}
