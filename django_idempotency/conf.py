@@ -13,6 +13,7 @@ from django.utils.module_loading import import_string
 
 from django_idempotency.core.keys import KEY_FORMATS, KeyFormat
 from django_idempotency.encryption import fernet_for
+from django_idempotency.exceptions import AppNotInstalled
 
 # Re-exported: the settings share the options' vocabulary and checks, long imported from here.
 from django_idempotency.options import HEADER_NAME as HEADER_NAME
@@ -295,8 +296,9 @@ _installed = False  # Once seen installed, the registry is not asked again on ea
 
 
 def require_installed() -> None:
-    """Raise ImproperlyConfigured saying how to fix it when the app is not installed, rather than
-    let the first keyed request fail on the model ("isn't in an application in INSTALLED_APPS").
+    """Raise AppNotInstalled (an ImproperlyConfigured) saying how to fix it when the app is not
+    installed, rather than let the first keyed request fail on the model ("isn't in an
+    application in INSTALLED_APPS").
 
     Only once the app registry is ready: before that, nothing can be known yet."""
     global _installed
@@ -307,7 +309,7 @@ def require_installed() -> None:
     if not apps.ready:
         return
     if not apps.is_installed("django_idempotency"):
-        raise ImproperlyConfigured(NOT_INSTALLED)
+        raise AppNotInstalled(NOT_INSTALLED)
     _installed = True
 
 

@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from django_idempotency.conf import Mode, OnConflict, require_installed
-from django_idempotency.http import frameworks, guard
+from django_idempotency.http import frameworks, guard, misplaced
 from django_idempotency.http.options import Options
 from django_idempotency.http.requests import is_request
 from django_idempotency.options import Credentials
@@ -76,28 +76,41 @@ def idempotent(
 
     def decorate(func: View) -> View:
         require_installed()  # Views are usually imported once the apps are ready.
+        # Misplaced, it cannot guard: reported by the system check (E024) as the URLconf is
+        # imported, rather than raised there under a traceback, and never run unguarded.
         if isinstance(func, type):
             # Wrapping a class would hand the router or as_view() a function in its place.
-            raise ImproperlyConfigured(
-                f"@idempotent was applied to the class {func.__module__}.{func.__qualname__}:"
-                " put it on the handler methods or actions instead (def create(self, request),"
-                " def post(self, request)), or give a DRF view IdempotencyMixin."
-            )
+            return misplaced.refusing_class(func, _on_class(func))  # type: ignore[return-value]
         view_class = getattr(func, "cls", None) or getattr(func, "view_class", None)
         if view_class is not None:
-            # The function as_view() returns is named "view": name what the user wrote.
-            raise ImproperlyConfigured(
-                f"@idempotent was applied to {view_class.__module__}.{view_class.__name__}, a"
-                " view built by as_view() or @api_view: place it below @api_view, or on the"
-                " handler method, so it runs after authentication, permission and throttle"
-                " checks."
-            )
+            refused = misplaced.refusing_view(func, _above_as_view(view_class))
+            return refused  # type: ignore[return-value]
         wrapper = guarded(func, options)
         functools.update_wrapper(wrapper, func)
         wrapper.idempotency_options = options  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate(view) if view is not None else decorate
+
+
+def _on_class(view_class: type) -> misplaced.Misplaced:
+    return misplaced.Misplaced(
+        place=f"the class {view_class.__module__}.{view_class.__qualname__}",
+        why="it cannot guard a class, so each request to it is answered 500 and not run.",
+        hint="Put it on the handler methods or actions instead (def create(self, request), def"
+        " post(self, request)), or give a DRF view IdempotencyMixin.",
+    )
+
+
+def _above_as_view(view_class: type) -> misplaced.Misplaced:
+    # The function as_view() returns is named "view": name what the user wrote.
+    return misplaced.Misplaced(
+        place=f"{view_class.__module__}.{view_class.__name__}, a view built by as_view() or"
+        " @api_view",
+        why="it would run before authentication, permission and throttle checks, so each request"
+        " to it is answered 500 and not run.",
+        hint="Place it below @api_view, or on the handler method.",
+    )
 
 
 def idempotency_exempt(view: View) -> View:

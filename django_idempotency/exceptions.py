@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import CommandError
+
 
 class IdempotencyError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -37,3 +40,12 @@ class DeliveryRejected(IdempotencyError):
 class StoreNotSupported(StoreUnavailable):
     """The store cannot run where it is used (a database it does not support, the memory store in
     a second process): a deployment error, not an outage. The message says what to do."""
+
+
+class AppNotInstalled(IdempotencyError, ImproperlyConfigured, CommandError):
+    """ "django_idempotency" is missing from INSTALLED_APPS while something needs it (a decorated
+    view, the mixin, the middleware, a function on the database store).
+
+    An `ImproperlyConfigured`, which callers catch, and a `CommandError`: raised as `manage.py
+    check` or `runserver` imports the URLconf, where the app's checks are not registered, it is
+    printed as its one sentence with the fix rather than under a traceback."""

@@ -121,3 +121,105 @@ def reclaimable(now: datetime) -> models.Q:
         models.Q(status=IdempotencyRecord.Status.COMPLETED) | models.Q(lease_expires_at=None),
         expires_at__lte=now,
     )
+
+
+class OutboundCall(models.Model):
+    """The journal of one outgoing call (one operation step, one key): every attempt of it.
+
+    Written before the first attempt is sent, so that after a crash no row means "never sent"
+    and a row still `sending` (or `ambiguous`) means "maybe sent": the retry resends its key.
+    """
+
+    class Outcome(models.TextChoices):
+        SENDING = "sending", _("sending")
+        CONFIRMED = "confirmed", _("confirmed")
+        FAILED = "failed", _("failed")
+        AMBIGUOUS = "ambiguous", _("ambiguous")
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(
+        _("key"),
+        max_length=MAX_KEY_LENGTH,
+        help_text=_("The Idempotency-Key sent downstream, the same on every attempt."),
+    )
+    namespace = models.CharField(
+        _("operation namespace"),
+        max_length=MAX_NAMESPACE_LENGTH,
+        blank=True,
+        help_text=_("Namespace of the operation that made the call; empty outside one."),
+    )
+    owner = models.CharField(
+        _("operation owner"),
+        max_length=MAX_OWNER_LENGTH,
+        blank=True,
+        help_text=_("Owner of the operation that made the call; empty outside one."),
+    )
+    operation_key = models.CharField(
+        _("operation key"),
+        max_length=MAX_KEY_LENGTH,
+        blank=True,
+        help_text=_("Key of the operation (view, function or task) that made the call."),
+    )
+    step = models.CharField(
+        _("step"),
+        max_length=MAX_KEY_LENGTH,
+        blank=True,
+        help_text=_("The step of the operation whose name the key was derived from."),
+    )
+    method = models.CharField(_("method"), max_length=16, help_text=_("HTTP method sent."))
+    target = models.TextField(
+        _("target"),
+        help_text=_("scheme://host/path called; never the query string, which may hold secrets."),
+    )
+    host = models.CharField(
+        _("host"), max_length=255, help_text=_("Host (and port) called, to filter by.")
+    )
+    attempts = models.PositiveIntegerField(
+        _("attempts"), default=0, help_text=_("Attempts sent so far, over every run.")
+    )
+    last_status = models.PositiveSmallIntegerField(
+        _("last status"),
+        null=True,
+        blank=True,
+        help_text=_("Status of the last answer; empty when the last attempt got none."),
+    )
+    last_error = models.CharField(
+        _("last error"),
+        max_length=255,
+        blank=True,
+        help_text=_("Why the last attempt got no answer (a timeout, a refused connection)."),
+    )
+    outcome = models.CharField(
+        _("outcome"),
+        max_length=16,
+        choices=Outcome.choices,
+        help_text=_(
+            "sending: maybe sent, no final answer yet; confirmed: the downstream answered "
+            "with its decision; failed: definitely not done; ambiguous: sent, answer lost."
+        ),
+    )
+    replayed = models.BooleanField(
+        _("replayed"),
+        default=False,
+        help_text=_("The last answer was a replay of an earlier one (Idempotent-Replayed)."),
+    )
+    created_at = models.DateTimeField(
+        _("created at"), help_text=_("When the call was journaled, before its first attempt.")
+    )
+    updated_at = models.DateTimeField(
+        _("updated at"), help_text=_("When the last attempt was started or answered.")
+    )
+
+    class Meta:
+        db_table = "django_idempotency_outbound_call"
+        verbose_name = _("outbound call")
+        verbose_name_plural = _("outbound calls")
+        constraints = [
+            models.UniqueConstraint(fields=["key"], name="idempotency_outbound_key_uniq"),
+        ]
+        indexes = [
+            models.Index(fields=["updated_at"], name="idempotency_outbound_upd_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.target}"

@@ -6,12 +6,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
 from django_idempotency import signals
+from django_idempotency.conf import conf
 from django_idempotency.exceptions import PurgeConflict
+from django_idempotency.outbound.journal import purge_journal
 from django_idempotency.stores import PurgeOptions, PurgeResult, StoreUnavailable, get_store
 from django_idempotency.stores.dialects import lock_not_granted
 
@@ -28,6 +31,9 @@ class PurgeReport:
     batches: int  # Zero in a dry run, which only counts.
     seconds: float
     dry_run: bool
+    # Rows of the outbound calls' journal not updated for IDEMPOTENCY_TTL (only when no
+    # namespace is given: journal rows belong to no namespace of records).
+    outbound_calls: int = 0
 
 
 def is_batch_size(value: object) -> bool:
@@ -60,7 +66,10 @@ def purge_expired_records(
         options = PurgeOptions(
             batch_size=batch_size, namespace=namespace, dry_run=dry_run, progress=note_progress
         )
-        result = get_store().purge(timezone.now(), options)
+        now = timezone.now()
+        result = get_store().purge(now, options)
+        # The journal lives in the database whatever the store: purged with the records.
+        journal = 0 if namespace is not None else _purge_journal(now, batch_size, dry_run)
     except OperationalError as exc:
         if lock_not_granted(exc):
             raise conflict(exc, done) from exc
@@ -74,6 +83,7 @@ def purge_expired_records(
         batches=result.batches,
         seconds=time.perf_counter() - started,
         dry_run=dry_run,
+        outbound_calls=journal,
     )
     logger.info(
         "%s %s (%d expired, %d abandoned)%s in %.2f s, %s of up to %d",
@@ -86,9 +96,19 @@ def purge_expired_records(
         _count(report.batches, "batch", "batches"),
         batch_size,
     )
+    if journal:
+        logger.info(
+            "%s %s of the outbound journal",
+            "Would purge" if dry_run else "Purged",
+            _count(journal, "row"),
+        )
     # send_robust: a receiver that raises is logged by Django; the purge has happened anyway.
     signals.purged.send_robust(sender=PurgeReport, report=report, namespace=namespace)
     return report
+
+
+def _purge_journal(now: datetime, batch_size: int, dry_run: bool) -> int:
+    return purge_journal(now, conf.TTL, batch_size=batch_size, dry_run=dry_run)
 
 
 def unreachable(exc: Exception, done: PurgeResult) -> StoreUnavailable:

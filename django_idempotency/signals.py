@@ -1,9 +1,10 @@
-"""Signals for each outcome of a key, each lookup of the cache tier and each purge.
+"""Signals for each outcome of a key, cache tier lookup, purge and outbound attempt.
 
 The outcome signals (`BY_OUTCOME`) are sent by views, functions and tasks with ``sender=Attempt``
 and the keyword arguments ``request`` (the ``HttpRequest``, None for functions and tasks),
 ``namespace``, ``owner``, ``key`` and ``duration`` (seconds the store took to decide, None for
-``completed`` and ``released``). ``cache_lookup`` and ``purged`` carry their own arguments, below.
+``completed`` and ``released``). ``cache_lookup``, ``purged`` and ``outbound_attempt`` carry their
+own arguments, below.
 Receivers run in the caller's thread: keep them quick. One that raises is logged and never fails
 the request, the call or the purge.
 """
@@ -40,3 +41,9 @@ cache_lookup = Signal(use_caching=True)
 # Each finished purge, dry runs included, with sender=PurgeReport, `report` (the PurgeReport)
 # and `namespace` (the one purged, None for all).
 purged = Signal()
+# Each attempt of an outbound call (django_idempotency.outbound), with sender=Exchange and
+# `key` (None for a request sent without one), `method`, `target` (scheme://host/path), `host`,
+# `attempt` (1 for the first), `status` (None when no answer came), `error` (the exception's
+# class name, or None), `outcome` (the journal's: "sending" while another attempt follows, then
+# "confirmed", "failed" or "ambiguous"), `replayed` and `duration` (seconds the attempt took).
+outbound_attempt = Signal()

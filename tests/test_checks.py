@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import override_settings
 from django.urls import include, path
 from rest_framework import viewsets
+from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
@@ -69,6 +70,7 @@ W007 = "django_idempotency.W007"
 E022 = "django_idempotency.E022"
 W008 = "django_idempotency.W008"
 E023 = "django_idempotency.E023"
+E024 = "django_idempotency.E024"
 # Fernet keys made for these tests only (Fernet.generate_key()).
 FERNET_KEY = "5pHGT1e0MXG1VOi1S9f7Yq3yHo9mB1kYp2lIuJ7vW3k="
 REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
@@ -187,6 +189,28 @@ class AtomicAttribute:
 
 class AtomicDecorator:
     urlpatterns = [path("atomic-function/", atomic_function_view)]
+
+
+@idempotent
+class DecoratedViewSet(viewsets.ViewSet):  # On the class, not its actions.
+    def create(self, request: Request) -> Response:
+        return Response(status=201)
+
+
+def create_order(request: Request) -> Response:
+    return Response(status=201)
+
+
+class DecoratorOnClass:
+    urlpatterns = nested(DecoratedViewSet)
+
+
+class DecoratorAboveAPIView:
+    urlpatterns = [path("orders/", idempotent(api_view(["POST"])(create_order)))]
+
+
+class DecoratorBelowAPIView:
+    urlpatterns = [path("orders/", api_view(["POST"])(idempotent(create_order)))]
 
 
 class FailingRouter:
@@ -440,6 +464,24 @@ FIRES = [
         id="E013-nested-viewset",
     ),
     pytest.param(
+        E024,
+        {"ROOT_URLCONF": DecoratorOnClass},
+        [
+            "@idempotent was applied to the class tests.test_checks.DecoratedViewSet (routed at"
+            " 'api/v1/^charges/$'): it cannot guard a class",
+        ],
+        id="E024-on-a-viewset-class",
+    ),
+    pytest.param(
+        E024,
+        {"ROOT_URLCONF": DecoratorAboveAPIView},
+        [
+            "@idempotent was applied to tests.test_checks.create_order, a view built by as_view()"
+            " or @api_view (routed at 'orders/'): it would run before authentication",
+        ],
+        id="E024-above-api-view",
+    ),
+    pytest.param(
         E014,
         {"ROOT_URLCONF": MistypedAttribute},
         ["tests.test_checks.TypoView.idempotency_mode = 'atomc'", "one of atomic, lease"],
@@ -668,6 +710,7 @@ SILENT = [
     pytest.param(W003, {"IDEMPOTENCY_ENABLED": True}, id="W003"),
     pytest.param(W004, {"IDEMPOTENCY_TTL": 60, "IDEMPOTENCY_LEASE": 60}, id="W004"),
     pytest.param(E013, {"ROOT_URLCONF": MixinFirst}, id="E013"),
+    pytest.param(E024, {"ROOT_URLCONF": DecoratorBelowAPIView}, id="E024-below-api-view"),
     pytest.param(E013, {"ROOT_URLCONF": "tests.urls"}, id="E013-test-urls"),
     pytest.param(E014, {"ROOT_URLCONF": ValidAttributes}, id="E014"),
     pytest.param(

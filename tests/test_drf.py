@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
 from django.urls import path
+from django.views import View
 from rest_framework import permissions, viewsets
 from rest_framework.decorators import api_view
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent
@@ -80,32 +84,95 @@ def test_patch_is_guarded_by_the_mixin_and_put_is_not_by_default(client: Client)
     assert LeasedChargeViewSet().get_idempotent_methods() == {"POST", "PUT"}
 
 
-def test_idempotent_above_api_view_is_refused_at_import() -> None:
+def _refusal_logged(caplog: pytest.LogCaptureFixture) -> str:
+    [record] = [r for r in caplog.records if r.name == "django_idempotency"]
+    assert record.levelno == logging.ERROR
+    assert record.exc_info is None  # One line saying the fix, no traceback.
+    return record.getMessage()
+
+
+def test_idempotent_above_api_view_answers_500_and_never_runs_the_view(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs: list[object] = []
+
     def create(request: object) -> Response:
-        return Response({})
+        runs.append(request)
+        return Response({}, status=201)
 
-    with pytest.raises(ImproperlyConfigured, match="below @api_view") as error:
-        idempotent(api_view(["POST"])(create))
+    # Not raised as the URLconf is imported, which manage.py prints under a traceback: E024
+    # reports it (tests/test_checks.py), and a server started without the checks runs nothing.
+    view = idempotent(api_view(["POST"])(create))
 
+    class URLs:
+        urlpatterns = [path("orders/", view)]
+
+    with override_settings(ROOT_URLCONF=URLs), caplog.at_level(logging.ERROR):
+        response = post(client, "/orders/")
+
+    assert_problem(response, 500, "view-misconfigured")
+    assert "Retry-After" not in response
+    assert runs == []
+    assert not IdempotencyRecord.objects.exists()
     # The function the user wrote, not "view", the name of the function @api_view returns.
-    assert str(error.value).startswith(
-        "@idempotent was applied to tests.test_drf.create, a view built by as_view() or @api_view"
+    assert _refusal_logged(caplog) == (
+        "Idempotent view misconfigured: @idempotent was applied to tests.test_drf.create, a view"
+        " built by as_view() or @api_view: it would run before authentication, permission and"
+        " throttle checks, so each request to it is answered 500 and not run. Place it below"
+        " @api_view, or on the handler method."
     )
 
 
-def test_idempotent_on_a_viewset_class_says_to_put_it_on_the_actions() -> None:
-    with pytest.raises(ImproperlyConfigured) as error:
+def test_idempotent_on_a_viewset_class_answers_500_and_says_to_put_it_on_the_actions(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs: list[object] = []
 
-        @idempotent
-        class OrderViewSet(viewsets.ViewSet):
-            def create(self, request: Request) -> Response:
-                return Response(status=201)
+    @idempotent
+    class OrderViewSet(viewsets.ViewSet):
+        def create(self, request: Request) -> Response:
+            runs.append(request)
+            return Response(status=201)
 
-    assert str(error.value).startswith(
-        "@idempotent was applied to the class tests.test_drf."
-        "test_idempotent_on_a_viewset_class_says_to_put_it_on_the_actions.<locals>.OrderViewSet:"
-        " put it on the handler methods or actions instead"
+    router = SimpleRouter()  # Still a class: the router takes it as it is.
+    router.register("orders", OrderViewSet, basename="order")
+
+    class URLs:
+        urlpatterns = router.urls
+
+    with override_settings(ROOT_URLCONF=URLs), caplog.at_level(logging.ERROR):
+        response = post(client, "/orders/")
+
+    assert_problem(response, 500, "view-misconfigured")
+    assert runs == []
+    assert _refusal_logged(caplog).startswith(
+        "Idempotent view misconfigured: @idempotent was applied to the class tests.test_drf."
+        "test_idempotent_on_a_viewset_class_answers_500_and_says_to_put_it_on_the_actions."
+        "<locals>.OrderViewSet: it cannot guard a class, so each request to it is answered 500"
+        " and not run. Put it on the handler methods or actions instead"
     )
+
+
+def test_idempotent_on_an_async_django_view_class_answers_500_without_running_it(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs: list[object] = []
+
+    @idempotent
+    class OrderView(View):
+        async def post(self, request: HttpRequest) -> HttpResponse:
+            runs.append(request)
+            return HttpResponse(status=201)
+
+    class URLs:
+        urlpatterns = [path("orders/", OrderView.as_view())]
+
+    with override_settings(ROOT_URLCONF=URLs), caplog.at_level(logging.ERROR):
+        response = post(client, "/orders/")
+
+    assert_problem(response, 500, "view-misconfigured")
+    assert runs == []
+    assert "tests.test_drf." in _refusal_logged(caplog)
 
 
 def test_idempotent_on_something_that_is_not_a_view_is_refused(client: Client) -> None:

@@ -32,6 +32,8 @@ settings.configure(
 )
 django.setup()
 
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import CommandError
 from django.http import HttpResponse
 from django.test import Client, override_settings
 from django.urls import path
@@ -107,6 +109,10 @@ def run_task():
 
 
 attempt("decorator", decorate)
+try:
+    decorate()
+except ImproperlyConfigured as exc:  # What callers caught before keeps catching it.
+    answers["caught as"] = ["ImproperlyConfigured", isinstance(exc, CommandError)]
 attempt("function", run_function)
 attempt("task", run_task)
 with override_settings(IDEMPOTENCY_STORE="django_idempotency.stores.memory.MemoryStore"):
@@ -134,8 +140,9 @@ def answers() -> dict[str, Any]:
     return json.loads(result.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
+# AppNotInstalled: an ImproperlyConfigured that manage.py prints as this one line (a CommandError).
 SAYS = (
-    'ImproperlyConfigured: django_idempotency is not in INSTALLED_APPS: add "django_idempotency"'
+    'AppNotInstalled: django_idempotency is not in INSTALLED_APPS: add "django_idempotency"'
     " to INSTALLED_APPS, then run `python manage.py migrate django_idempotency`."
 )
 
@@ -148,6 +155,12 @@ def test_each_entry_point_says_the_app_is_not_installed_and_how_to_fix_it(
     answers: dict[str, Any], entry_point: str
 ) -> None:
     assert answers[entry_point] == SAYS
+
+
+def test_it_is_still_caught_as_improperly_configured_and_is_a_command_error(
+    answers: dict[str, Any],
+) -> None:
+    assert answers["caught as"] == ["ImproperlyConfigured", True]
 
 
 def test_a_function_on_the_memory_store_runs_without_the_app(answers: dict[str, Any]) -> None:

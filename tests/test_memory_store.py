@@ -47,6 +47,7 @@ def test_purge_frees_expired_records_and_abandoned_claims_only() -> None:
     assert [scope.key for scope in store.records] == ["running"]
 
 
+@pytest.mark.django_db  # The command purges the outbound journal too, in the database.
 def test_the_purge_command_frees_the_memory_store_in_one_batch_and_reports_it() -> None:
     two_hours_ago = timezone.now() - timedelta(hours=2)  # Claims of an hour's TTL, expired.
     with using_store("memory"):

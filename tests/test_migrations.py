@@ -7,8 +7,9 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
-from django_idempotency.models import IdempotencyRecord
+from django_idempotency.models import IdempotencyRecord, OutboundCall
 
 
 @pytest.mark.django_db
@@ -63,3 +64,30 @@ def test_the_binary_scope_migration_can_be_reversed_and_applied_again() -> None:
         assert set(reversed_.values()) == {"utf8mb4_unicode_ci"}
     else:
         assert reversed_ == applied
+
+
+def test_the_outbound_journals_constraint_index_and_fields_are_named_and_explained() -> None:
+    meta = OutboundCall._meta
+    assert [c.name for c in meta.constraints] == ["idempotency_outbound_key_uniq"]
+    assert [i.name for i in meta.indexes] == ["idempotency_outbound_upd_idx"]
+    for field in meta.get_fields():
+        if field.name != "id":
+            assert field.help_text, f"{field.name} has no help_text"
+
+
+@pytest.mark.django_db
+def test_outbound_keys_that_differ_in_case_or_trailing_spaces_are_two_rows() -> None:
+    # MariaDB's default collation would make them one key (see 0006_outbound_calls).
+    now = timezone.now()
+    for key in ("abc", "ABC", "abc "):
+        OutboundCall.objects.create(
+            key=key,
+            method="POST",
+            target="https://bank.example/",
+            host="bank.example",
+            outcome="sending",
+            created_at=now,
+            updated_at=now,
+        )
+
+    assert sorted(OutboundCall.objects.values_list("key", flat=True)) == ["ABC", "abc", "abc "]

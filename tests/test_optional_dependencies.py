@@ -40,7 +40,15 @@ OPTIONAL_MODULES = (
     "cryptography",
     "opentelemetry",
     "ninja",
+    "httpx",
+    "requests",
 )
+# Modules outside contrib that need an extra (the outbound client's transports): each is
+# probed as a contrib package is.
+NEEDS_EXTRA = {
+    "django_idempotency.outbound.transport": "httpx",
+    "django_idempotency.outbound.adapter": "requests",
+}
 
 # Runs in a fresh interpreter: None in sys.modules makes `import x` raise ModuleNotFoundError and
 # importlib.util.find_spec(x) return None, exactly as if x were not installed.
@@ -49,6 +57,7 @@ PROBE = textwrap.dedent(
     import importlib, json, pkgutil, sys
 
     OPTIONAL = {optional!r}
+    NEEDS_EXTRA = {needs_extra!r}
     for name in OPTIONAL:
         sys.modules[name] = None
 
@@ -63,7 +72,7 @@ PROBE = textwrap.dedent(
 
     def walk(package):
         for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
-            if info.name == "django_idempotency.contrib":
+            if info.name == "django_idempotency.contrib" or info.name in NEEDS_EXTRA:
                 continue  # Each contrib package may need its framework: probed below.
             module = importlib.import_module(info.name)
             yield info.name
@@ -81,12 +90,22 @@ PROBE = textwrap.dedent(
             contrib[name] = {{"error": type(exc).__name__, "name": exc.name, "message": str(exc)}}
         else:
             contrib[name] = None
-    # A module of a contrib package that needs the framework its package does not.
-    name = "django_idempotency.contrib.rest_framework.errors"
+    # A module of a contrib package that needs the framework its package does not, and the
+    # modules elsewhere that need an extra.
+    for name in ["django_idempotency.contrib.rest_framework.errors", *NEEDS_EXTRA]:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            contrib[name] = {{"error": type(exc).__name__, "name": exc.name, "message": str(exc)}}
+    # What the package exports in place of a transport that is not there: the same error.
+    import django_idempotency.outbound as outbound
+
     try:
-        importlib.import_module(name)
+        outbound.IdempotentTransport
     except ImportError as exc:
-        contrib[name] = {{"error": type(exc).__name__, "name": exc.name, "message": str(exc)}}
+        contrib["outbound.IdempotentTransport"] = {{
+            "error": type(exc).__name__, "name": exc.name, "message": str(exc)
+        }}
     call_command("check", fail_level="ERROR")
 
     from django_idempotency import tasks
@@ -98,7 +117,7 @@ PROBE = textwrap.dedent(
         "loaded": sorted(name for name in OPTIONAL if sys.modules.get(name) is not None),
     }}))
     """
-).format(optional=OPTIONAL_MODULES)
+).format(optional=OPTIONAL_MODULES, needs_extra=NEEDS_EXTRA)
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +151,10 @@ def test_every_module_outside_contrib_imports_without_optional_dependencies(
         "django_idempotency.stores.database",
         "django_idempotency.management.commands.idempotency_purge",
         "django_idempotency.migrations.0001_initial",
+        "django_idempotency.outbound",
+        "django_idempotency.outbound.calls",
+        "django_idempotency.outbound.journal",
+        "django_idempotency.outbound.policy",
     }
     assert expected <= set(probe["imported"])
     assert probe["loaded"] == []
@@ -190,6 +213,28 @@ def test_a_contrib_module_without_its_extra_names_the_extra_to_install(
     assert failure["error"] == "ModuleNotFoundError"
     assert failure["message"].endswith(
         f': install it with pip install "django-idempotency[{extra}]"'
+    )
+
+
+@pytest.mark.parametrize(("module", "extra"), list(NEEDS_EXTRA.items()))
+def test_an_outbound_transport_without_its_extra_names_the_extra_to_install(
+    probe: dict[str, Any], module: str, extra: str
+) -> None:
+    failure = probe["contrib"][module]
+
+    assert failure["error"] == "ModuleNotFoundError"
+    assert failure["name"] == extra
+    assert failure["message"].endswith(
+        f': install it with pip install "django-idempotency[{extra}]"'
+    )
+
+
+def test_the_outbound_client_names_its_extra_when_its_transport_is_used(
+    probe: dict[str, Any],
+) -> None:
+    # `from django_idempotency.outbound import IdempotentTransport` without httpx.
+    assert probe["contrib"]["outbound.IdempotentTransport"]["message"].endswith(
+        ': install it with pip install "django-idempotency[httpx]"'
     )
 
 

@@ -75,6 +75,7 @@ def test_the_task_returns_the_report_as_json() -> None:
         "total": 2,
         "batches": 2,
         "dry_run": False,
+        "outbound_calls": 0,
     }
     assert json.loads(json.dumps(result)) == result
 
@@ -143,6 +144,7 @@ def test_the_beat_entry_sent_by_name_purges_expired_records(
         "total": 7,
         "batches": 1,
         "dry_run": False,
+        "outbound_calls": 0,
     }
     assert _remaining() == records["live"]
 
@@ -162,6 +164,7 @@ def test_the_task_takes_a_batch_size_and_a_namespace(
         "total": 2,
         "batches": 2,
         "dry_run": False,
+        "outbound_calls": 0,
     }
     assert _remaining() == records["expired"] | records["abandoned"] | records["live"]
 
@@ -215,6 +218,7 @@ def test_celery_beat_runs_the_purge_on_schedule(
         "total": 7,
         "batches": 1,
         "dry_run": False,
+        "outbound_calls": 0,
     }
     assert f"Sending due task {PURGE_ENTRY} ({TASK})" in output
     assert _remaining() == records["live"]

@@ -361,13 +361,18 @@ def test_check_reports_the_mistakes_it_can_see_each_with_its_fix(project: Path) 
     assert "idempotency_required" in result.stderr
 
 
-# What a mistake made in code raises as the URLconf is imported (the first request, or `check`):
-# ImproperlyConfigured with the fix as its last line, never an error of Django or DRF about
-# something the user did not write. (manage.py prints Django's traceback above it.)
+# A mistake made in code, met as the URLconf is imported (by `check`, by runserver's checks, or by
+# the first request): said in its sentence with the fix, never under a traceback, nor as an error
+# of Django or DRF about something the user did not write.
+TRACEBACK = "Traceback (most recent call last)"
 
 
-def _last_line(result: subprocess.CompletedProcess[str]) -> str:
-    return result.stderr.strip().splitlines()[-1]
+def runserver(project: Path, *, settings: str) -> subprocess.CompletedProcess[str]:
+    """`runserver --noreload`, for a project its checks stop: it exits before it serves."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return manage(project, "runserver", "--noreload", f"127.0.0.1:{port}", settings=settings)
 
 
 def test_a_forgotten_installed_apps_entry_is_named_by_view_function_and_task(
@@ -390,11 +395,19 @@ def test_a_forgotten_installed_apps_entry_is_named_by_view_function_and_task(
         settings="settings_not_installed",
     )
 
+    served = runserver(project, settings="settings_not_installed")
+
+    # The app's checks are not registered without it: manage.py prints the decorator's error as
+    # a command's, one line.
     assert checked.returncode == 1
-    assert _last_line(checked) == (f"django.core.exceptions.ImproperlyConfigured: {NOT_INSTALLED}")
+    assert TRACEBACK not in checked.stderr
+    assert checked.stderr.strip() == f"AppNotInstalled: {NOT_INSTALLED}"
+    assert served.returncode == 1
+    assert TRACEBACK not in served.stderr
+    assert served.stderr.strip().splitlines()[-1] == f"AppNotInstalled: {NOT_INSTALLED}"
     assert calls == {
-        "function": f"ImproperlyConfigured: {NOT_INSTALLED}",
-        "task": f"ImproperlyConfigured: {NOT_INSTALLED}",
+        "function": f"AppNotInstalled: {NOT_INSTALLED}",
+        "task": f"AppNotInstalled: {NOT_INSTALLED}",
     }
 
 
@@ -446,20 +459,58 @@ def test_a_required_key_leaves_the_admin_login_and_obtain_auth_token_alone(
 
 
 @pytest.mark.parametrize(
-    ("settings", "says"),
+    ("settings", "says", "fix"),
     [
-        ("settings_viewset", "@idempotent was applied to the class shop.urls_viewset.OrderViewSet"),
-        ("settings_api_view", "@idempotent was applied to shop.urls_api_view.create_order"),
+        (
+            "settings_viewset",
+            "@idempotent was applied to the class shop.urls_viewset.OrderViewSet (routed at",
+            "HINT: Put it on the handler methods or actions instead",
+        ),
+        (
+            "settings_api_view",
+            "@idempotent was applied to shop.urls_api_view.create_order, a view built by"
+            " as_view() or @api_view (routed at 'orders/')",
+            "HINT: Place it below @api_view, or on the handler method.",
+        ),
     ],
     ids=["on a viewset class", "above api_view"],
 )
-def test_a_misplaced_decorator_is_named_with_where_it_goes(
-    project: Path, settings: str, says: str
+def test_a_misplaced_decorator_is_a_check_error_with_where_it_goes_and_a_500_problem(
+    project: Path, settings: str, says: str, fix: str
 ) -> None:
-    result = manage(project, "check", settings=settings)
+    checked = manage(project, "check", settings=settings)
+    served = runserver(project, settings=settings)
+    requested = manage(
+        project,
+        "shell",
+        "--command",
+        "import json\n"
+        "from django.test import Client\n"
+        "r = Client().post('/orders/', {}, content_type='application/json',\n"
+        "                  headers={'Idempotency-Key': 'o-1'})\n"
+        "print(json.dumps({'status': r.status_code, 'type': r['Content-Type'],\n"
+        "                  'body': r.json()}))",
+        settings=settings,
+    )
 
-    assert result.returncode == 1
-    assert _last_line(result).startswith(f"django.core.exceptions.ImproperlyConfigured: {says}")
+    assert checked.returncode == 1
+    assert TRACEBACK not in checked.stderr
+    assert "(django_idempotency.E024) " + says in checked.stderr
+    assert fix in checked.stderr
+    assert "W008" not in checked.stderr  # What the decorator marks is no misspelt attribute.
+    # runserver refuses to start, as for any check's error.
+    assert served.returncode == 1
+    assert TRACEBACK not in served.stderr
+    assert served.stderr.startswith("SystemCheckError: System check identified some issues:")
+    assert "(django_idempotency.E024) " + says in served.stderr
+    # Started without the checks (a WSGI server, the test client), it runs nothing unguarded.
+    assert requested.returncode == 0, requested.stderr
+    answer = json.loads(requested.stdout.strip().splitlines()[-1])
+    assert answer["status"] == 500
+    assert answer["type"] == "application/problem+json"
+    assert answer["body"]["type"].endswith("view-misconfigured")
+    assert TRACEBACK not in requested.stderr
+    assert "Idempotent view misconfigured: " + says.split(" (routed at")[0] in requested.stderr
 
 
 def test_a_csrf_form_rendered_again_and_retried_replays(project: Path) -> None:

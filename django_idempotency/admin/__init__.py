@@ -1,7 +1,8 @@
 """Django admin for idempotency records: browse, inspect and purge; read-only otherwise.
 
 The list (`changelist`), the detail page's body display (`bodies`) and the actions (`actions`)
-each have their room; `records` puts them together in the registered ModelAdmin.
+each have their room; `records` puts them together in the registered ModelAdmin. `outbound`
+shows the journal of outbound calls.
 """
 
 from django.contrib import admin
@@ -19,6 +20,7 @@ from django_idempotency.admin.changelist import (
     distinct_namespaces,
     records_elsewhere,
 )
+from django_idempotency.admin.outbound import OutboundCallAdmin
 from django_idempotency.admin.records import IdempotencyRecordAdmin
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "EstimatedCountPaginator",
     "IdempotencyRecordAdmin",
     "NamespaceFilter",
+    "OutboundCallAdmin",
     "RecordActions",
     "admin",
     "calendar_hierarchy",

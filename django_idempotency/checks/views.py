@@ -13,12 +13,14 @@ from django.urls import URLResolver, get_resolver
 
 from django_idempotency.checks.ids import (
     INVALID_VIEW_ATTRIBUTE,
+    MISPLACED_DECORATOR,
     MISSPELT_VIEW_ATTRIBUTE,
     MIXIN_AFTER_API_VIEW,
 )
 from django_idempotency.checks.reading import unknown_methods
 from django_idempotency.checks.stores import _atomic_on_lease_only_store, _lease_only_store
 from django_idempotency.contrib.rest_framework.mixins import IdempotencyMixin
+from django_idempotency.http.misplaced import MARK, misplaced
 from django_idempotency.http.options import attribute_errors
 from django_idempotency.options import OPTION, OPTIONS
 
@@ -30,7 +32,8 @@ def check_views(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """Routed view classes whose idempotency would fail silently, or on their first request."""
-    messages: list[CheckMessage] = list(_atomic_views_on_lease_only_store())
+    messages: list[CheckMessage] = list(_misplaced_decorators())
+    messages.extend(_atomic_views_on_lease_only_store())
     for route, view_class in _routed_view_classes():
         label = f"{view_class.__module__}.{view_class.__qualname__}"
         if _mixin_shadowed(view_class):
@@ -73,6 +76,7 @@ _VIEW_NAMES = frozenset(
         "get_idempotent_methods",
         "idempotency_exempt",
         "idempotency_options",  # Set by @idempotent on what it decorates.
+        MARK,  # Set by @idempotent on a class it cannot guard (E024 reports it).
     }
 )
 _PREFIXES = ("idempotency_", "idempotent_", "get_idempotency_", "get_idempotent_")
@@ -91,6 +95,22 @@ def _misspelt_attributes(label: str, route: str, view_class: type) -> Iterator[C
                 " SILENCED_SYSTEM_CHECKS.",
                 id=MISSPELT_VIEW_ATTRIBUTE,
             )
+
+
+def _misplaced_decorators() -> Iterator[CheckMessage]:
+    """Routed views `@idempotent` was misplaced on, which answer every request 500. Read from
+    the URLconf this check imports (in the run that imports it first, too): the decorator does
+    not raise as it is imported, where Django would print a traceback above the message."""
+    try:
+        routes = list(_routes(get_resolver().url_patterns, ""))
+    except Exception:  # Django's own URL checks report a URLconf that does not load.
+        return
+    seen: set[int] = set()
+    for route, callback in routes:
+        mistake = misplaced(callback)
+        if mistake is not None and id(mistake) not in seen:  # A viewset has several routes.
+            seen.add(id(mistake))
+            yield Error(mistake.message(route), hint=mistake.hint, id=MISPLACED_DECORATOR)
 
 
 def _routed_view_classes() -> Iterator[tuple[str, type]]:

@@ -37,6 +37,9 @@ STORE_UNAVAILABLE = ProblemKind("store-unavailable", 503, "Idempotency store una
 # A deployment error (no records table, a per-process store in another process): no retry can
 # succeed until an operator fixes it, so it is a 500 without Retry-After.
 STORE_MISCONFIGURED = ProblemKind("store-misconfigured", 500, "Idempotency store misconfigured")
+# A decorator the system check reports (E024), in a project started without the checks: the
+# view cannot run guarded, so it does not run at all.
+VIEW_MISCONFIGURED = ProblemKind("view-misconfigured", 500, "Idempotent view misconfigured")
 DELIVERY_REJECTED = ProblemKind("delivery-rejected", 400, "Webhook delivery not verified")
 RESPONSE_NOT_STORED = ProblemKind("response-not-stored", 410, "Response too large to replay")
 RESPONSE_NOT_DECRYPTABLE = ProblemKind(
@@ -53,6 +56,7 @@ ALL_KINDS = (
     KEY_REUSED,
     STORE_UNAVAILABLE,
     STORE_MISCONFIGURED,
+    VIEW_MISCONFIGURED,
     DELIVERY_REJECTED,
     RESPONSE_NOT_STORED,
     RESPONSE_NOT_DECRYPTABLE,
@@ -148,6 +152,16 @@ def store_misconfigured() -> ProblemResponse:
         STORE_MISCONFIGURED,
         "The idempotency store is not set up on this server, so the request was not run. The"
         " server's error log says what its operator must do.",
+    )
+
+
+def view_misconfigured() -> ProblemResponse:
+    """The answer of a view `@idempotent` was misplaced on (the log says where it goes): it was
+    not run, since it cannot run guarded. No Retry-After: retrying changes nothing."""
+    return problem_response(
+        VIEW_MISCONFIGURED,
+        "This view's idempotency guard is misplaced, so the request was not run. The server's"
+        " error log says what its developer must change.",
     )
 
 

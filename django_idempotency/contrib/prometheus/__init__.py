@@ -1,4 +1,4 @@
-"""Prometheus metrics for outcomes, check latency, the cache tier and purges.
+"""Prometheus metrics for outcomes, check latency, the cache tier, purges and outbound calls.
 
 Installed by the app's `ready()` when prometheus_client is importable; see docs/metrics.md.
 """

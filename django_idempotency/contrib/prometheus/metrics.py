@@ -35,6 +35,8 @@ CHECK_BUCKETS = (
 )
 # One run, from an idle table to millions of rows in batches.
 PURGE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+# One attempt of an outbound call: a nearby service in milliseconds, up to a client's timeout.
+OUTBOUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Metrics:
     cache_misses: Counter
     purged_records: Counter
     purge_duration: Histogram
+    outbound_attempts: Counter
+    outbound_duration: Histogram
 
 
 _metrics: Metrics | None = None
@@ -97,6 +101,18 @@ def _register() -> Metrics:
             "Duration of each purge, dry runs excluded.",
             buckets=PURGE_BUCKETS,
         ),
+        outbound_attempts=Counter(
+            PREFIX + "outbound_attempts",
+            "Attempts of outbound calls by target host and the call's outcome after each: "
+            "sending (another attempt follows), confirmed, failed or ambiguous.",
+            ["host", "outcome"],
+        ),
+        outbound_duration=Histogram(
+            PREFIX + "outbound_attempt_duration_seconds",
+            "Duration of each attempt of an outbound call, by target host.",
+            ["host"],
+            buckets=OUTBOUND_BUCKETS,
+        ),
     )
     for kind in ("expired", "abandoned"):
         registered.purged_records.labels(kind)  # Both series exist from the start, at zero.
@@ -117,6 +133,9 @@ def install() -> None:
         )
     signals.cache_lookup.connect(count_lookup, weak=False, dispatch_uid=f"{UID_PREFIX}cache_lookup")
     signals.purged.connect(count_purge, weak=False, dispatch_uid=f"{UID_PREFIX}purged")
+    signals.outbound_attempt.connect(
+        count_outbound_attempt, weak=False, dispatch_uid=f"{UID_PREFIX}outbound_attempt"
+    )
 
 
 def _outcome_receiver(outcome: str) -> Callable[..., None]:
@@ -154,3 +173,13 @@ def count_purge(sender: Any, *, report: purge.PurgeReport, **kwargs: Any) -> Non
     metrics.purged_records.labels("expired").inc(report.expired)
     metrics.purged_records.labels("abandoned").inc(report.abandoned)
     metrics.purge_duration.observe(report.seconds)
+
+
+def count_outbound_attempt(
+    sender: Any, *, host: str, outcome: str, duration: float, **kwargs: Any
+) -> None:
+    if not conf.METRICS:
+        return
+    metrics = get_metrics()
+    metrics.outbound_attempts.labels(host, outcome).inc()
+    metrics.outbound_duration.labels(host).observe(duration)

@@ -1,0 +1,116 @@
+"""The journal of outbound calls: a row written before the first attempt, updated after each."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.db import Error, IntegrityError, connections, router, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from django_idempotency.conf import conf
+from django_idempotency.core.keys import key_hash
+from django_idempotency.core.outcomes import Scope
+from django_idempotency.models import OutboundCall
+
+logger = logging.getLogger("django_idempotency")
+
+# Said once per process: journal rows written inside the caller's transaction go with it.
+_warned_in_transaction = False
+
+
+def journal_alias() -> str:
+    """The database of the journal: IDEMPOTENCY_DATABASE, as for the records, or the router's."""
+    return conf.DATABASE or router.db_for_write(OutboundCall)
+
+
+def open_call(
+    key: str, *, method: str, target: str, host: str, step: str, scope: Scope | None
+) -> None:
+    """Before the first attempt: the call's row, new or back to `sending` (a retried run)."""
+    fields = {
+        "method": method,
+        "target": target,
+        "host": host[:255],
+        "step": step,
+        "namespace": scope.namespace if scope else "",
+        "owner": scope.owner if scope else "",
+        "operation_key": scope.key if scope else "",
+        "outcome": OutboundCall.Outcome.SENDING,
+    }
+
+    def write(alias: str) -> None:
+        now = timezone.now()
+        calls = OutboundCall.objects.using(alias)
+        if calls.filter(key=key).update(**fields, updated_at=now):
+            return
+        try:
+            with transaction.atomic(using=alias):
+                calls.create(key=key, **fields, created_at=now, updated_at=now)
+        except IntegrityError:  # Another run of the same step wrote it in between.
+            calls.filter(key=key).update(**fields, updated_at=now)
+
+    _write(write, key)
+
+
+def note_attempt(key: str, *, status: int | None, error: str, outcome: str, replayed: bool) -> None:
+    """After an attempt: what came back, and the call's outcome so far."""
+
+    def write(alias: str) -> None:
+        OutboundCall.objects.using(alias).filter(key=key).update(
+            attempts=F("attempts") + 1,
+            last_status=status,
+            last_error=error[:255],
+            outcome=outcome,
+            replayed=replayed,
+            updated_at=timezone.now(),
+        )
+
+    _write(write, key)
+
+
+def _write(write: Callable[[str], None], key: str) -> None:
+    """Run a journal write; a failure is logged, never raised: the call goes on without it."""
+    global _warned_in_transaction
+    alias = journal_alias()
+    connection = connections[alias]
+    if connection.in_atomic_block and not _warned_in_transaction:
+        _warned_in_transaction = True
+        logger.warning(
+            "An outbound call is journaled inside a transaction on database %r (atomic mode?): "
+            "its journal row commits or rolls back with that transaction, so a rollback forgets "
+            "that the call was sent. Make outbound calls from lease-mode views, functions and "
+            'tasks (mode="lease").',
+            alias,
+        )
+    try:
+        # A savepoint inside the caller's transaction: a failed write must not abort it.
+        with transaction.atomic(using=alias):
+            write(alias)
+    except Error as exc:
+        logger.error(
+            "The outbound journal could not record the call with key_hash=%s; the call goes "
+            "on without it: %s",
+            key_hash(key),
+            exc,
+        )
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()  # A lost server: reconnect next time.
+
+
+def purge_journal(now: datetime, ttl: timedelta, *, batch_size: int, dry_run: bool) -> int:
+    """Delete journal rows not updated for `ttl` in batches; return how many went (or would)."""
+    old = OutboundCall.objects.using(journal_alias()).filter(updated_at__lte=now - ttl)
+    if dry_run:
+        return old.count()
+    deleted = 0
+    while True:
+        batch = list(old.order_by().values_list("pk", flat=True)[:batch_size])
+        if not batch:
+            return deleted
+        count, _ = OutboundCall.objects.using(journal_alias()).filter(pk__in=batch).delete()
+        deleted += count
+        if len(batch) < batch_size:
+            return deleted
