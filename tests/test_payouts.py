@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 
 from django_idempotency import mint_key
+from django_idempotency.models import OutboundCall
 from testproject.bank.models import Transfer
 from testproject.payments.crashes import crash_point
 from testproject.payments.models import Payout
@@ -24,6 +25,9 @@ from tests.reliability.proxy import DroppingProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSFER = {"reference": "payout-1", "amount": 250, "currency": "EUR"}
+# The key the outbound client derives for the transfer step of the payout keyed payout-key-1
+# (namespace "payouts", anonymous): the payout's claim, then the step, in the bank's namespace.
+TRANSFER_KEY = mint_key("payouts", "owner:", "payout-key-1", "transfer", namespace="bank")
 
 pytestmark = pytest.mark.urls("testproject.urls")
 
@@ -71,7 +75,7 @@ def test_the_bank_refuses_a_transfer_it_cannot_read_and_gives_the_key_back(
 def losing_proxy(live_server: Any) -> Iterator[DroppingProxy]:
     """A proxy to the live bank that loses the answer to the payout's first transfer request
     and passes on the second (a seed found for the transfer's key)."""
-    key = mint_key("transfer", "payout-1", namespace="payouts")
+    key = TRANSFER_KEY
     port = int(live_server.url.rsplit(":", 1)[1])
     proxy = DroppingProxy(port, drop=0.5, seed=0)
     proxy.seed = next(
@@ -106,7 +110,9 @@ def test_a_payout_whose_answer_was_lost_moves_the_money_once(
         (1, 201, False),  # Asked again with the same key: the bank's first answer, replayed.
     ]
     (moved,) = Transfer.objects.all()
-    assert moved.key == mint_key("transfer", "payout-1", namespace="payouts")
+    assert moved.key == TRANSFER_KEY
+    (journaled,) = OutboundCall.objects.values_list("key", "step", "outcome", "attempts")
+    assert journaled == (TRANSFER_KEY, "transfer", "confirmed", 2)
     assert first.json() == {
         "reference": "payout-1",
         "amount": 250,

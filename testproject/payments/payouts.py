@@ -6,23 +6,18 @@ end-to-end scenario turns on; in a demo without them they cost nothing.
 
 from __future__ import annotations
 
-import http.client
-import json
-import time
-import urllib.error
-import urllib.request
 from typing import Any
 
+import httpx
 from django.conf import settings
 
-from django_idempotency import mint_key
+from django_idempotency.outbound import STEP_EXTENSION, IdempotentTransport, RetryPolicy
 from testproject.payments.crashes import crash_during, crash_point
 from testproject.payments.models import Payout
 
-# How long a payout keeps asking the bank before it gives up (the client retries it later).
-BANK_DEADLINE = 20.0
-# Statuses worth asking again with the same key: the bank is busy or still running it.
-RETRIED = {409, 429, 502, 503, 504}
+# How long a payout keeps asking the bank before it gives up (its client retries it later):
+# shorter waits than the defaults, since the bank is on the same network.
+BANK_POLICY = RetryPolicy(max_attempts=8, deadline=20, base_delay=0.05, max_delay=1)
 
 
 class BankUnavailable(RuntimeError):
@@ -54,28 +49,21 @@ def pay_out(reference: str, amount: int, currency: str, key: str) -> dict[str, A
 
 
 def send_transfer(reference: str, amount: int, currency: str) -> dict[str, Any]:
-    """POST the transfer to the bank until it answers, always with the key minted from the
-    payout's reference: a retry after a lost answer gets the bank's first answer replayed."""
-    key = mint_key("transfer", reference, namespace="payouts")
-    body = json.dumps({"reference": reference, "amount": amount, "currency": currency}).encode()
-    deadline = time.monotonic() + BANK_DEADLINE
-    delay = 0.05
-    while True:
-        request = urllib.request.Request(
-            f"{settings.BANK_API_URL}/transfers/",
-            data=body,
-            headers={"Content-Type": "application/json", "Idempotency-Key": key},
-            method="POST",
-        )
+    """POST the transfer to the bank through the outbound client: the key is derived from the
+    payout's claim and the step's name, the same on every run of this payout, retried on a lost
+    answer and journaled; a retry after a crash sends it again and gets the bank's first answer.
+    """
+    transport = IdempotentTransport(policy=BANK_POLICY, namespace="bank")
+    with httpx.Client(transport=transport, timeout=5) as bank:
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                return dict(json.load(response))
-        except urllib.error.HTTPError as exc:
-            if exc.code not in RETRIED:
-                raise
-        except (urllib.error.URLError, http.client.HTTPException, OSError):
-            pass  # No answer: the bank may have moved the money; the same key asks again.
-        if time.monotonic() + delay > deadline:
-            raise BankUnavailable(f"The bank gave no answer for {reference} in {BANK_DEADLINE} s.")
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+            response = bank.post(
+                f"{settings.BANK_API_URL}/transfers/",
+                json={"reference": reference, "amount": amount, "currency": currency},
+                extensions={STEP_EXTENSION: "transfer"},
+            )
+        except httpx.HTTPError as exc:  # No answer within the policy: ambiguous, journaled.
+            raise BankUnavailable(f"The bank gave no answer for {reference}: {exc!r}.") from exc
+    if response.status_code in BANK_POLICY.retried_statuses:
+        raise BankUnavailable(f"The bank answered {response.status_code} for {reference}.")
+    response.raise_for_status()
+    return dict(response.json())

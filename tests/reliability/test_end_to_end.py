@@ -158,11 +158,21 @@ def read_crashes(crash_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line]
 
 
+@dataclass
+class Agreement:
+    """What the bank executed and what the caller's journal of outbound calls says of it."""
+
+    transfers: dict[str, int]  # Each payout's transfer id at the bank, by reference.
+    journal: Counter[str]  # The journal's rows of the transfers, by outcome.
+    attempts: int  # Attempts the journal counted, over every run of every payout.
+
+
 def check_the_bank(
-    bank_db: Database, caller_db: Database, references: list[str], prefix: str
-) -> dict[str, int]:
-    """One transfer per payout at the bank, each under a key of its own, and one settlement per
-    payout at the caller; returns each payout's transfer id."""
+    bank_db: Database, caller_db: Database, references: list[str], prefix: str, namespace: str
+) -> Agreement:
+    """One transfer per payout at the bank, each under a key of its own; one settlement per
+    payout at the caller; and every transfer in the caller's journal (the operations of
+    `namespace`) under its key, confirmed, or ambiguous with the row saying so."""
     transfers = bank_db.rows(
         'SELECT id, reference, "key" FROM bank_transfer WHERE reference LIKE %s ORDER BY id',
         prefix + "%",
@@ -178,7 +188,34 @@ def check_the_bank(
         )
     )
     assert settlements == dict.fromkeys(references, 1), settlements
-    return {reference: transfer for transfer, reference, _ in transfers}
+    journal = {
+        key: (step, outcome, attempts)
+        for key, step, outcome, attempts in caller_db.rows(
+            'SELECT "key", step, outcome, attempts FROM django_idempotency_outbound_call '
+            "WHERE namespace = %s",
+            namespace,
+        )
+    }
+    unjournaled = [key for key in per_key if key not in journal]
+    assert not unjournaled, f"transfers the caller's journal does not know: {unjournaled}"
+    unexecuted = {key: row for key, row in journal.items() if key not in per_key}
+    assert not unexecuted, f"journal rows of calls the bank never executed: {unexecuted}"
+    outcomes = Counter(outcome for _, outcome, _ in journal.values())
+    assert set(outcomes) <= {"confirmed", "ambiguous"}, outcomes
+    assert {step for step, _, _ in journal.values()} == {"transfer"}, journal
+    return Agreement(
+        {reference: transfer for transfer, reference, _ in transfers},
+        outcomes,
+        sum(attempts for _, _, attempts in journal.values()),
+    )
+
+
+def journal_notes(agreement: Agreement) -> str:
+    outcomes = ", ".join(f"{n} {outcome}" for outcome, n in sorted(agreement.journal.items()))
+    return (
+        f"journal: {outcomes} ({agreement.attempts} attempts), 0 transfers without a row, "
+        "0 ambiguous without a row saying so"
+    )
 
 
 def crash_notes(crashes: list[dict[str, Any]], kills: list[float]) -> str:
@@ -245,9 +282,10 @@ def test_every_payout_is_executed_once_at_the_bank(
     assert not {status for status in statuses if status >= 500} - {503}, statuses
 
     # At the bank: one transfer per payout, the one the payout's answer names.
-    transfers = check_the_bank(bank_db, db, [payout.reference for payout in payouts], "payout-")
+    references = [payout.reference for payout in payouts]
+    agreement = check_the_bank(bank_db, db, references, "payout-", "payouts")
     for payout in payouts:
-        assert payout.final.json()["bank_transfer"] == transfers[payout.reference]
+        assert payout.final.json()["bank_transfer"] == agreement.transfers[payout.reference]
 
     # The run did what it says: workers died at the crash points and by the harness, and the
     # proxy lost answers of transfers the bank executed.
@@ -272,7 +310,8 @@ def test_every_payout_is_executed_once_at_the_bank(
             notes=(
                 f"{PAYOUTS} payouts; {crash_notes(crashes, killer.kills)}; "
                 f"{len(dropped)} answers dropped ({len(proxy.exchanges)} bank calls); "
-                f"0 double executions, 0 missing; {recovery_notes(recoveries)}"
+                f"0 double executions, 0 missing; {journal_notes(agreement)}; "
+                f"{recovery_notes(recoveries)}"
             ),
         )
     )
@@ -385,7 +424,7 @@ def test_every_payout_task_is_executed_once_at_the_bank(
             app.close()
     crashes = read_crashes(tmp_path)
 
-    check_the_bank(bank_db, db, references, "task-payout-")
+    agreement = check_the_bank(bank_db, db, references, "task-payout-", TASK_NAMESPACE)
     dropped = proxy.dropped
     assert crashes, "no crash point fired: raise CRASH_POINTS"
     assert killer.kills, "the harness killed no worker"
@@ -405,7 +444,8 @@ def test_every_payout_task_is_executed_once_at_the_bank(
                 f"{PAYOUTS} payout tasks, {CELERY_WORKERS} workers started "
                 f"{workers.started} times; {crash_notes(crashes, killer.kills)}; "
                 f"{len(dropped)} answers dropped ({len(proxy.exchanges)} bank calls); "
-                f"0 double executions, 0 missing; {recovery_notes(recoveries)}"
+                f"0 double executions, 0 missing; {journal_notes(agreement)}; "
+                f"{recovery_notes(recoveries)}"
             ),
         )
     )
