@@ -19,8 +19,9 @@ from django_idempotency import signals
 from django_idempotency.conf import OnConflict, conf
 from django_idempotency.core.keys import key_hash
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
-from django_idempotency.encryption import seal, unseal
+from django_idempotency.encryption import seal, seal_step, unseal, unseal_step
 from django_idempotency.exceptions import LeaseLost
+from django_idempotency.leases import Hold, heartbeat
 from django_idempotency.stores import (
     BaseStore,
     ClaimRequest,
@@ -86,6 +87,10 @@ class Attempt:
         self.store_lost = False  # A release failed because the store could not be reached.
         self._transaction = contextlib.ExitStack()
         self._outer: Attempt | None = None  # The attempt current before this one claimed.
+        self._hold: Hold | None = None  # Its lease's renewals, while the claim is held.
+        self.lost = False  # A renewal found the claim taken over: its result is not stored.
+        # The steps this operation completed (name: stored result), its earlier attempts' too.
+        self.steps: dict[str, bytes] = {}
 
     def __enter__(self) -> Attempt:
         return self
@@ -101,9 +106,17 @@ class Attempt:
         self._transaction.__exit__(exc_type, exc, tb)  # Commits, or rolls back on an error.
 
     def claim_key(
-        self, scope: Scope, fingerprint: str, *, method: str, path: str, ttl: timedelta
+        self,
+        scope: Scope,
+        fingerprint: str,
+        *,
+        method: str,
+        path: str,
+        ttl: timedelta,
+        lease: timedelta | None = None,
     ) -> Claim:
-        """`begin` for this request or call, now: leased unless atomic mode holds the claim."""
+        """`begin` for this request or call, now: leased (`lease`, by default
+        IDEMPOTENCY_LEASE) unless atomic mode holds the claim."""
         return self.begin(
             ClaimRequest(
                 scope=scope,
@@ -112,7 +125,7 @@ class Attempt:
                 path=path,
                 now=timezone.now(),
                 ttl=ttl,
-                lease=None if self.atomic else conf.LEASE,
+                lease=None if self.atomic else lease or conf.LEASE,
             )
         )
 
@@ -131,12 +144,29 @@ class Attempt:
             claim = replace(claim, response=unseal(claim.response, conf.ENCRYPTION_KEYS))
         if claim.outcome is Outcome.FRESH:
             self.claim = claim
+            self.steps = dict(claim.steps)
             self._outer = _current.get()
             _current.set(self)
+            self._keep_alive(request.lease)
         if not (self.poll and claim.outcome is Outcome.IN_PROGRESS):
             duration = time.perf_counter() - started
             self._announce(_SIGNALS[claim.outcome], duration)
         return claim
+
+    def _keep_alive(self, lease: timedelta | None) -> None:
+        """Have the heartbeat renew a leased claim while the work runs. Not a claim inside the
+        caller's transaction (ATOMIC_REQUESTS): nobody else sees it before it commits, so
+        nobody can take it over, and a renewal from another connection would not find it."""
+        if lease is None or self.atomic or not conf.LEASE_RENEWAL:
+            return
+        if self.store.claims_privately():
+            return
+        self._hold = heartbeat().hold(self, lease)
+
+    def lose(self) -> None:
+        """The claim was taken over or ended by someone else (a renewal found it so): the work
+        stops at its next step or outbound call, and its result is not stored."""
+        self.lost = True
 
     def announce_conflict(self, duration: float) -> None:
         """A polling caller gives up waiting: the conflict `begin` left unannounced."""
@@ -180,8 +210,15 @@ class Attempt:
         Raises `StoreUnavailable`: at once in atomic mode (the caller's writes are then lost with
         it); in lease mode only once the lease has ended without the store coming back.
         """
+        lost = self.lost
         claim = self._end()
         if claim is None:
+            return False
+        if lost:
+            logger.warning(
+                "A renewal of this lease found the key taken over by another caller; this result"
+                " was not stored. The work stopped at its next step or outbound call, if any."
+            )
             return False
         # Sealed once, here, so that every store and the cache tier keep the same ciphertext.
         result = seal(result, conf.ENCRYPTION_KEYS)
@@ -245,19 +282,54 @@ class Attempt:
         effect (an outbound call, a step), so that work whose key was taken over stops there."""
         if self.claim is None:
             raise LeaseLost("This attempt no longer holds its idempotency claim.")
+        if self.lost:
+            raise LeaseLost(
+                "This attempt's idempotency lease was taken over by another caller (its lease ran"
+                " out while this process stalled): stop here; the new owner runs the work."
+            )
+
+    def save_step(self, name: str, result: bytes) -> None:
+        """Store a completed step's result (sealed as responses are) for a retry to skip it:
+        one fenced write. Raises `LeaseLost` if the claim is no longer this attempt's."""
+        self.ensure_lease()
+        claim = self.claim
+        assert claim is not None
+        steps = {**self.steps, name: seal_step(result, conf.ENCRYPTION_KEYS)}
+        if not self.store.save_steps(claim, steps):
+            self.lose()
+            raise LeaseLost(
+                f"The result of step {name!r} was not stored: the idempotency claim was taken"
+                " over by another caller, which runs the work from its last stored step."
+            )
+        self.steps = steps
+
+    def stored_step(self, name: str) -> bytes | None:
+        """The result of step `name` if this operation completed it before, opened."""
+        stored = self.steps.get(name)
+        return None if stored is None else unseal_step(stored, conf.ENCRYPTION_KEYS)
 
     def _end(self) -> Claim | None:
         """The claim, which this attempt no longer holds from now on."""
         claim, self.claim = self.claim, None
+        if self._hold is not None:
+            heartbeat().end(self._hold)  # Before the claim's last write: never renewed after.
+            self._hold = None
         if claim is not None and _current.get() is self:
             _current.set(self._outer)
         return claim
+
+    def _let_go(self, claim: Claim) -> bool:
+        """Give the key back. Once steps are stored, the record stays with its lease ended
+        instead, so that the client's retry takes it over and resumes after those steps."""
+        if self.steps:
+            return self.store.renew(claim, timezone.now())
+        return self.store.release(claim)
 
     def _give_back(self, claim: Claim) -> None:
         """Lease mode, a result the store refused: release the key (atomic mode's error rolls
         the claim back with the transaction)."""
         if not self.atomic:
-            _quietly(self.store.release, claim)
+            _quietly(self._let_go, claim)
             self._announce(signals.released)
 
     def release(self, *, rollback: bool = True) -> None:
@@ -268,7 +340,7 @@ class Attempt:
         if rollback and self.owns_transaction:
             self.store.discard()
         else:
-            self.store_lost = isinstance(_quietly(self.store.release, claim), StoreUnavailable)
+            self.store_lost = isinstance(_quietly(self._let_go, claim), StoreUnavailable)
         self._announce(signals.released)
 
     def abort(self) -> None:

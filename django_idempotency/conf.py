@@ -140,7 +140,12 @@ class Settings:
 
     @cached_property
     def LEASE(self) -> timedelta:
-        return to_timedelta(self._get("IDEMPOTENCY_LEASE", 60), "IDEMPOTENCY_LEASE")
+        value, setting = self._option("lease")
+        return to_timedelta(value, setting)
+
+    @cached_property
+    def LEASE_RENEWAL(self) -> bool:
+        return to_bool(self._get("IDEMPOTENCY_LEASE_RENEWAL", True), "IDEMPOTENCY_LEASE_RENEWAL")
 
     @cached_property
     def WAIT_TIMEOUT(self) -> timedelta:

@@ -30,6 +30,7 @@ def idempotent(
     *,
     required: bool | None = None,
     ttl: timedelta | float | None = None,
+    lease: timedelta | float | None = None,
     mode: Mode | None = None,
     on_conflict: OnConflict | None = None,
     namespace: str | None = None,
@@ -45,6 +46,7 @@ def idempotent(
     *,
     required: bool | None = None,
     ttl: timedelta | float | None = None,
+    lease: timedelta | float | None = None,
     mode: Mode | None = None,
     on_conflict: OnConflict | None = None,
     namespace: str | None = None,
@@ -61,11 +63,13 @@ def idempotent(
     `DeliveryRejected` (see `django_idempotency.webhooks.StandardWebhooks`).
     ``credentials="release"`` marks a view whose responses are credentials (a token): its key
     is given back once it answers, and its response never stored; ``"store"`` stores the
-    response of a credential view all the same.
+    response of a credential view all the same. ``lease`` is the length of a lease-mode claim
+    (renewed while the view runs, so it may be far shorter than the view).
     """
     options = Options(
         required=required,
         ttl=ttl,
+        lease=lease,
         mode=mode,
         on_conflict=on_conflict,
         namespace=namespace,

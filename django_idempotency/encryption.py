@@ -104,6 +104,40 @@ def unseal(stored: StoredResponse, fernet: MultiFernet | None) -> StoredResponse
     )
 
 
+# A step's stored result starts with one of these: sealed, or as the step returned it.
+_SEALED_STEP, _PLAIN_STEP = b"E", b"P"
+
+
+def seal_step(result: bytes, fernet: MultiFernet | None) -> bytes:
+    """What a store keeps of a step's result: encrypted as responses are, when keys are set."""
+    if fernet is None:
+        return _PLAIN_STEP + result
+    return _SEALED_STEP + fernet.encrypt(result)
+
+
+def unseal_step(stored: bytes, fernet: MultiFernet | None) -> bytes:
+    """A step's result as it returned it. Raises `UnreadableResponse` when no key opens it."""
+    if stored[:1] != _SEALED_STEP:
+        return stored[1:]
+    if fernet is None:
+        raise UnreadableResponse(
+            "A stored step result is encrypted, and IDEMPOTENCY_ENCRYPTION_KEYS is not set: put "
+            "the key it was encrypted with back in the list.",
+            200,
+        )
+    from cryptography.fernet import InvalidToken
+
+    try:
+        return fernet.decrypt(stored[1:])
+    except InvalidToken:
+        raise UnreadableResponse(
+            "A stored step result was encrypted with a key no longer in "
+            "IDEMPOTENCY_ENCRYPTION_KEYS: keep a retired key in the list (after the new one) "
+            "until the records it encrypted have expired.",
+            200,
+        ) from None
+
+
 def stored_form(headers: Any, body: bytes | None) -> StoredResponse | None:
     """A record's response columns as a StoredResponse, for the admin; None without a body."""
     if body is None:

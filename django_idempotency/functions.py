@@ -55,9 +55,15 @@ class RunOptions:
     mode: Mode | None = None
     on_conflict: OnConflict | None = None
     serializer: ResultSerializer | None = None
+    lease: timedelta | float | None = None
 
     def __post_init__(self) -> None:
-        check_options(ttl=self.ttl, mode=self.mode, on_conflict=self.on_conflict)
+        check_options(ttl=self.ttl, lease=self.lease, mode=self.mode, on_conflict=self.on_conflict)
+
+    @property
+    def lease_length(self) -> timedelta:
+        """The lease of a lease-mode claim: this call's, else IDEMPOTENCY_LEASE."""
+        return conf.LEASE if self.lease is None else to_timedelta(self.lease, "lease")
 
 
 def namespace_of(namespace: str | None, label: str, decorator: str) -> str:
@@ -83,7 +89,12 @@ def run_once(
     on_conflict = options.on_conflict or conf.ON_CONFLICT
     with Attempt(atomic=mode == "atomic", on_conflict=on_conflict) as attempt:
         claim = attempt.claim_key(
-            call.scope, call.fingerprint, method=call.method, path=call.label, ttl=_ttl(options)
+            call.scope,
+            call.fingerprint,
+            method=call.method,
+            path=call.label,
+            ttl=_ttl(options),
+            lease=options.lease_length,
         )
         if claim.outcome is not Outcome.FRESH:
             return _answer(call, claim, serializer)
@@ -112,7 +123,12 @@ async def run_once_async(
     while True:
         attempt = Attempt(atomic=False, on_conflict=on_conflict, poll=polls)
         claim = await sync_to_async(attempt.claim_key)(
-            call.scope, call.fingerprint, method=call.method, path=call.label, ttl=_ttl(options)
+            call.scope,
+            call.fingerprint,
+            method=call.method,
+            path=call.label,
+            ttl=_ttl(options),
+            lease=options.lease_length,
         )
         if not (polls and claim.outcome is Outcome.IN_PROGRESS):
             break
@@ -170,6 +186,7 @@ def idempotent_function(
     mode: Mode | None = None,
     on_conflict: OnConflict | None = None,
     serializer: ResultSerializer | None = None,
+    lease: timedelta | float | None = None,
 ) -> Callable[[Func], Func]:
     """Run the decorated callable once per key; every repeat returns the stored result.
 
@@ -182,8 +199,14 @@ def idempotent_function(
     An ``async def`` callable is awaited with the same semantics; its claim is always leased
     (a transaction cannot stay open across awaits), so ``mode="atomic"`` does not roll its
     writes back when it raises: the key is released and a retry runs it again.
+
+    A leased claim (``mode="lease"``, or an async callable) lasts ``lease`` (default
+    IDEMPOTENCY_LEASE) and is renewed while the call runs; inside it, `steps.step` marks
+    recovery points that a retry after a crash skips.
     """
-    options = RunOptions(ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer)
+    options = RunOptions(
+        ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer, lease=lease
+    )
 
     def decorate(func: Func) -> Func:
         label = f"{func.__module__}.{func.__qualname__}"

@@ -75,6 +75,15 @@ class IdempotencyRecord(models.Model):
         blank=True,
         help_text=_("After this, another request may take over an in-progress claim."),
     )
+    steps = models.JSONField(
+        _("steps"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "Results of the steps a lease-mode operation completed (name: base64), which a retry"
+            " of the same request skips."
+        ),
+    )
     created_at = models.DateTimeField(
         _("created at"), help_text=_("When the key was claimed by its current request.")
     )

@@ -65,6 +65,14 @@ def _ttl(value: Any) -> timedelta:
     return ttl
 
 
+def _lease(value: Any) -> timedelta:
+    lease = to_timedelta(value, "lease")
+    if lease <= _NO_TIME:
+        # Every claim would be abandoned as it is made: any duplicate would run the work again.
+        raise ImproperlyConfigured(f"lease must be more than zero seconds, not {value!r}.")
+    return lease
+
+
 def _mode(value: Any) -> str:
     return choice(value, MODES, "mode")
 
@@ -124,6 +132,7 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("required", setting="IDEMPOTENCY_REQUIRED", default=False, check=_required),
     Option("ttl", setting="IDEMPOTENCY_TTL", default=timedelta(hours=24), check=_ttl),
+    Option("lease", setting="IDEMPOTENCY_LEASE", default=timedelta(seconds=60), check=_lease),
     Option("mode", setting="IDEMPOTENCY_MODE", default="atomic", check=_mode),
     Option("on_conflict", setting="IDEMPOTENCY_ON_CONFLICT", default="reject", check=_on_conflict),
     Option("namespace", setting="IDEMPOTENCY_NAMESPACE", default="default", check=_namespace),

@@ -1,8 +1,19 @@
-"""Steps of an operation: named parts of the work whose outbound calls share a derived key."""
+"""Steps of an operation: recovery points a retry skips, whose outbound calls share a key."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
+
+from django_idempotency.attempts import Attempt, current_attempt
+from django_idempotency.results import serializer_for
+
+T = TypeVar("T")
 
 # The name of the step the running code is in, if any (innermost operation only).
 _current_step: ContextVar[str | None] = ContextVar("django_idempotency_step", default=None)
@@ -11,3 +22,68 @@ _current_step: ContextVar[str | None] = ContextVar("django_idempotency_step", de
 def current_step_name() -> str | None:
     """The name of the step running now, or None outside a step."""
     return _current_step.get()
+
+
+def step(name: str, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run ``func(*args, **kwargs)`` as the step `name` of the operation holding a lease-mode
+    claim, once: if this operation completed the step before (in an attempt that crashed, or
+    earlier in this one), return its stored result without calling `func`.
+
+    Otherwise the lease is checked first (`LeaseLost` if it was taken over), `func` runs with
+    `current_step_name()` set to `name` (outbound calls derive their keys from it), and its
+    result is stored as JSON (a dataclass or pydantic model named by `func`'s return annotation
+    comes back as one) with one fenced write. Outside a guarded operation `func` simply runs
+    (in the step: `current_step_name()` is `name`), and nothing is stored.
+    """
+    attempt = _operation(name)
+    if attempt is None:
+        with _in_step(name):
+            return func(*args, **kwargs)
+    serializer = serializer_for(func)
+    stored = attempt.stored_step(name)
+    if stored is not None:
+        return serializer.loads(stored)  # type: ignore[no-any-return]
+    attempt.ensure_lease()
+    with _in_step(name):
+        result = func(*args, **kwargs)
+    attempt.save_step(name, serializer.dumps(result))
+    return result
+
+
+async def astep(name: str, func: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    """`step` for a coroutine function, awaited; the store is called through `sync_to_async`."""
+    attempt = _operation(name)
+    if attempt is None:
+        with _in_step(name):
+            return await func(*args, **kwargs)
+    serializer = serializer_for(func)
+    stored = attempt.stored_step(name)
+    if stored is not None:
+        return serializer.loads(stored)  # type: ignore[no-any-return]
+    attempt.ensure_lease()
+    with _in_step(name):
+        result = await func(*args, **kwargs)
+    await sync_to_async(attempt.save_step)(name, serializer.dumps(result))
+    return result
+
+
+def _operation(name: str) -> Attempt | None:
+    """The attempt whose steps these are; None outside one. Atomic mode is refused: its claim
+    commits with the work, so a crash leaves no step behind for a retry to skip."""
+    attempt = current_attempt()
+    if attempt is not None and attempt.atomic:
+        raise ImproperlyConfigured(
+            f"step({name!r}) runs inside an atomic-mode operation, whose claim and writes commit"
+            " together at its end: nothing of a crashed attempt survives for a retry to resume"
+            " from. Use mode='lease' on the view, function or task that runs it."
+        )
+    return attempt
+
+
+@contextlib.contextmanager
+def _in_step(name: str) -> Iterator[None]:
+    token = _current_step.set(name)
+    try:
+        yield
+    finally:
+        _current_step.reset(token)

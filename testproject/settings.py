@@ -88,6 +88,7 @@ IDEMPOTENCY_TTL = float(os.environ.get("IDEMPOTENCY_TTL", 24 * 60 * 60))
 IDEMPOTENCY_MODE = os.environ.get("IDEMPOTENCY_MODE", "atomic")
 IDEMPOTENCY_ON_CONFLICT = os.environ.get("IDEMPOTENCY_ON_CONFLICT", "reject")
 IDEMPOTENCY_LEASE = float(os.environ.get("IDEMPOTENCY_LEASE", 60))
+IDEMPOTENCY_LEASE_RENEWAL = os.environ.get("IDEMPOTENCY_LEASE_RENEWAL", "1") == "1"
 # Keys shared by a tenant's members (X-Tenant header):
 # IDEMPOTENCY_OWNER_RESOLVER=testproject.payments.owners.tenant_owner
 IDEMPOTENCY_OWNER_RESOLVER = (

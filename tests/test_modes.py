@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.db import connection, connections
@@ -15,6 +22,7 @@ from django.utils import timezone
 from django_idempotency import signals
 from django_idempotency.attempts import Attempt
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
+from django_idempotency.exceptions import KeyInProgress
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import ClaimRequest, StoreUnavailable, get_store
 from django_idempotency.stores.database import DatabaseStore
@@ -253,3 +261,65 @@ def test_lease_mode_storing_a_result_gives_up_when_the_lease_ends() -> None:
         connection.settings_dict.update(original)
 
     assert IdempotencyRecord.objects.get().status == IdempotencyRecord.Status.IN_PROGRESS
+
+
+def _database_url() -> str:
+    """The test database, for another process to use."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    user = quote(settings["USER"]) + (
+        f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
+    )
+    scheme = "mysql" if connection.vendor == "mysql" else "postgres"
+    return f"{scheme}://{user}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_process_frees_its_renewed_key_within_one_lease(tmp_path: Path) -> None:
+    from tests.lease_holder import LEASE, hold_the_key
+
+    marker = tmp_path / "claimed"
+    connection.close()  # SQLite: let the other process write.
+    env = {
+        "DJANGO_SETTINGS_MODULE": "tests.settings",  # Unless the run names its own.
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+    }
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.lease_holder", "killed-1", str(marker), "60"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+    )
+    try:
+        _wait_for(marker.exists, 30)
+        claimed_at = time.monotonic()
+        # Alive past two leases: renewed, so a retry meanwhile is refused, never run.
+        while time.monotonic() - claimed_at < 2 * LEASE:
+            with pytest.raises(KeyInProgress):
+                hold_the_key("killed-1", str(marker), 0)
+            time.sleep(LEASE / 4)
+    finally:
+        holder.kill()  # SIGKILL: no release, no last write; its heartbeat dies with it.
+        holder.wait()
+    killed_at = time.monotonic()
+
+    def retry_runs() -> bool:
+        try:
+            return hold_the_key("killed-1", str(marker), 0) == "ran"
+        except KeyInProgress:
+            return False
+
+    _wait_for(retry_runs, 10 * LEASE)
+    freed_after = time.monotonic() - killed_at
+
+    # Within one lease of the kill (and a renewal interval's slack), not a default 60 s.
+    assert freed_after <= LEASE + 0.5, freed_after
+    assert IdempotencyRecord.objects.get().status == "completed"

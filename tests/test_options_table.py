@@ -77,6 +77,7 @@ def test_a_verify_that_cannot_be_called_is_refused_when_the_decorator_is_applied
 SETTING_VALUES = {
     "required": (True, True),
     "ttl": (60, timedelta(seconds=60)),
+    "lease": (5, timedelta(seconds=5)),
     "mode": ("lease", "lease"),
     "on_conflict": ("wait", "wait"),
     "namespace": ("elsewhere", "elsewhere"),

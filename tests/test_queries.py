@@ -12,6 +12,8 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 
+from django_idempotency import idempotent_function
+from django_idempotency.steps import step
 from tests.factories import IdempotencyRecordFactory
 from tests.utils import fingerprint_of, post
 
@@ -79,3 +81,27 @@ def test_a_conflict_costs_one_statement() -> None:
     )
     with override_settings(IDEMPOTENCY_MODE="lease"):
         assert _run(Client(), key="busy") == (1, 0)
+
+
+def _noted(name: str) -> str:
+    return name
+
+
+@idempotent_function(key="key", payload=["key"], mode="lease")
+def _with_steps(key: str, steps: int) -> int:
+    for number in range(steps):
+        step(f"step-{number}", _noted, "done")
+    return steps
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_step_costs_one_statement() -> None:
+    def statements(key: str, steps: int) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert _with_steps(key, steps) == steps
+        return len(captured.captured_queries)
+
+    without = statements("no-step", 0)
+
+    assert statements("one-step", 1) == without + 1  # The step's result, one fenced UPDATE.
+    assert statements("two-steps", 2) == without + 2

@@ -286,6 +286,7 @@ _BOOLEANS = (
     "TRACING",
     "GUARD_ALL_VIEWS",
     "ADMIN",
+    "LEASE_RENEWAL",
 )
 
 

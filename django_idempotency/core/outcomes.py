@@ -57,6 +57,9 @@ class Claim:
     expires_at: datetime | None = None
     method: str = ""
     path: str = ""
+    # Steps a crashed attempt of the same operation completed (name: stored result), carried
+    # by the FRESH claim that took its record over; empty for every other claim.
+    steps: dict[str, bytes] = field(default_factory=dict)
 
 
 def is_abandoned(

@@ -143,6 +143,7 @@ class Guard(contextlib.ExitStack):
                 method=self.http_request.method or "",
                 path=path,
                 ttl=settings.ttl,
+                lease=settings.lease,
             )
         except StoreUnavailable as exc:
             return problems.unusable_store(exc)

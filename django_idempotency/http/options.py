@@ -43,6 +43,7 @@ class Options:
 
     required: bool | None = None
     ttl: timedelta | float | None = None
+    lease: timedelta | float | None = None
     mode: Mode | None = None
     on_conflict: OnConflict | None = None
     namespace: str | None = None
@@ -65,6 +66,7 @@ class Resolved:
 
     required: bool
     ttl: timedelta
+    lease: timedelta  # Of a lease-mode claim; renewed while the view runs.
     mode: Mode
     on_conflict: OnConflict
     namespace: str

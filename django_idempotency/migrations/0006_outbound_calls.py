@@ -20,7 +20,7 @@ def binary_key(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_idempotency", "0004_decrypted_response_permission"),
+        ("django_idempotency", "0005_record_steps"),
     ]
 
     operations = [

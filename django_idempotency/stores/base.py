@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django_idempotency.core.outcomes import (
     Claim,
     Outcome,
     Scope,
+    Status,
     StoredResponse,
     classify,
     is_abandoned,
@@ -121,6 +122,14 @@ class BaseStore:
       the write that takes it over, and that write checks again, against the same `now`, that
       the record is still abandoned: what happened in between (a late completion, a rival
       retry) wins. Tests run a competing step exactly there with `interleave`.
+    - `renew` sets the end of a lease-mode claim's lease to `until` (later, while the work runs;
+      `now`, to end it) and `save_steps` stores the results of the steps the work completed
+      (name: bytes; every step so far, a superset of what was saved before). Both act only while
+      the claim still holds its lease token and is in progress, and return whether they did;
+      `renew` then sets `claim.lease_expires_at`. Steps belong to the claim's record: purged
+      with it, and carried (`Claim.steps`) only by the FRESH claim that takes over an
+      abandoned in-progress record of the same request (fingerprint, method and path). A store
+      without them raises NotImplementedError: its leases are not renewed, and steps refused.
     - `atomic` is the transaction atomic mode runs the view in. It yields whether it opened that
       transaction itself; if so, `discard` rolls the view's work back with the claim. If not (a
       caller's transaction was already open) the claim joins it, and is released on failure.
@@ -147,8 +156,20 @@ class BaseStore:
     def release(self, claim: Claim) -> bool:
         raise NotImplementedError
 
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        raise NotImplementedError
+
+    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
+        raise NotImplementedError
+
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         raise NotImplementedError
+
+    def claims_privately(self) -> bool:
+        """Whether a claim made now stays unseen by other connections until the caller's
+        transaction commits (a lease-mode claim under ATOMIC_REQUESTS): nobody can take it over
+        meanwhile, so its lease is not renewed."""
+        return False
 
     def forget(self, scopes: Iterable[Scope]) -> None:
         """Nothing is kept elsewhere by default."""
@@ -165,9 +186,14 @@ class BaseStore:
         action()
 
 
-def fresh_claim(request: ClaimRequest, token: str, record_id: int | None = None) -> Claim:
+def fresh_claim(
+    request: ClaimRequest,
+    token: str,
+    record_id: int | None = None,
+    steps: Mapping[str, bytes] | None = None,
+) -> Claim:
     """The claim of a request that now holds its key under `token` (in the record `record_id`,
-    for a store with row ids)."""
+    for a store with row ids), with the `steps` it carries from an attempt it took over."""
     return Claim(
         Outcome.FRESH,
         record_id=record_id,
@@ -178,6 +204,7 @@ def fresh_claim(request: ClaimRequest, token: str, record_id: int | None = None)
         expires_at=request.expires_at,
         method=request.method,
         path=request.path,
+        steps=dict(steps or {}),
     )
 
 
@@ -193,6 +220,15 @@ class HeldKey:
 
     def stored_response(self) -> StoredResponse:
         raise NotImplementedError
+
+    def resumed_by(self, request: ClaimRequest) -> bool:
+        """Whether taking this abandoned record over for `request` resumes its work: the same
+        request's attempt, still in progress (its worker gone), whose steps then carry over."""
+        return self.status == Status.IN_PROGRESS and (self.fingerprint, self.method, self.path) == (
+            request.fingerprint,
+            request.method,
+            request.path,
+        )
 
     def abandoned(self, now: datetime) -> bool:
         """Free to take over: expired, or in progress with its lease run out."""
@@ -239,6 +275,7 @@ class Record(HeldKey):
     created_at: datetime
     expires_at: datetime
     response: StoredResponse | None = None
+    steps: Mapping[str, bytes] = field(default_factory=dict)
 
     def stored_response(self) -> StoredResponse:
         return self.response or StoredResponse(200)

@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
 
@@ -112,6 +112,15 @@ class CacheTier(BaseStore):
 
     def release(self, claim: Claim) -> bool:
         return self.inner.release(claim)
+
+    def claims_privately(self) -> bool:
+        return self.inner.claims_privately()
+
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        return self.inner.renew(claim, until)  # In-progress records are never cached.
+
+    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
+        return self.inner.save_steps(claim, steps)
 
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         forget = options.forget

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
@@ -105,11 +106,12 @@ class DatabaseStore(BaseStore):
                 # Held by a claim not yet committed (atomic mode), or one just released.
                 outcome = Outcome.MISMATCH if held_by_another_request else Outcome.IN_PROGRESS
                 return Claim(outcome)
-            claimed = row.claimed
+            claimed, steps = row.claimed, None
             # Only take over a record nobody else is claiming right now.
             if not claimed and row.acquired and row.abandoned(request.now):
+                resumes = row.resumed_by(request)
                 between_steps("take-over")  # Tests run what may happen here (see interleave).
-                taken = self._take_over(row, request, token)
+                taken = self._take_over(row, request, token, keep_steps=resumes)
                 if taken is None:
                     # Purged or taken by another retry since the read: answer from what the
                     # database holds now, never from the stale row.
@@ -118,6 +120,8 @@ class DatabaseStore(BaseStore):
                         return Claim(Outcome.IN_PROGRESS)
                 else:
                     row, claimed = taken, True
+                    if resumes:  # Rare (a crashed attempt's retry): one more read.
+                        steps = self._stored_steps(row.pk, token)
         except _UNREACHABLE as exc:
             if _is_busy(connection, exc):
                 # SQLite's single writer is busy elsewhere, or MariaDB's row is locked by
@@ -126,7 +130,7 @@ class DatabaseStore(BaseStore):
             raise StoreUnavailable(str(exc)) from exc
         if claimed:
             # Inserted or taken over just now, so written as the request asked.
-            return fresh_claim(request, token, record_id=row.pk)
+            return fresh_claim(request, token, record_id=row.pk, steps=steps)
         return row.answer(request)
 
     def _insert_or_find(
@@ -187,8 +191,11 @@ class DatabaseStore(BaseStore):
             return self._find(connection, request.scope, locking=True)
         return RecordRow.inserted(request, pk)
 
-    def _take_over(self, row: RecordRow, request: ClaimRequest, token: str) -> RecordRow | None:
-        """Claim an abandoned record; None if a concurrent request or the purge got there first."""
+    def _take_over(
+        self, row: RecordRow, request: ClaimRequest, token: str, *, keep_steps: bool
+    ) -> RecordRow | None:
+        """Claim an abandoned record, keeping its steps for the same request's retry; None if a
+        concurrent request or the purge got there first."""
         now = request.now
         row = replace(
             row,
@@ -201,8 +208,10 @@ class DatabaseStore(BaseStore):
         )
         record = IdempotencyRecord.objects.using(self.alias).filter(reclaimable(now), pk=row.pk)
         update = cast(UpdateQuery, record.query.chain(UpdateQuery))
+        cleared_steps: dict[str, Any] = {} if keep_steps else {"steps": None}
         update.add_update_values(
             dict(
+                **cleared_steps,
                 fingerprint=row.fingerprint,
                 status=row.status,
                 method=request.method,
@@ -280,6 +289,35 @@ class DatabaseStore(BaseStore):
         with _reachable(self.connection):
             deleted, _ = in_progress.delete()
         return deleted == 1
+
+    def claims_privately(self) -> bool:
+        return self.connection.in_atomic_block
+
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        held = self._own(claim).filter(status=Status.IN_PROGRESS.value)
+        with _reachable(self.connection):
+            renewed = held.update(lease_expires_at=until) == 1
+        if renewed:
+            claim.lease_expires_at = until
+        return renewed
+
+    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
+        held = self._own(claim).filter(status=Status.IN_PROGRESS.value)
+        encoded = {name: base64.b64encode(value).decode() for name, value in steps.items()}
+        with _reachable(self.connection):
+            return bool(held.update(steps=encoded) == 1)
+
+    def _stored_steps(self, record_id: int, token: str) -> dict[str, bytes]:
+        """The steps of the record this claim has just taken over (under `token`)."""
+        stored = (
+            IdempotencyRecord.objects.using(self.alias)
+            .filter(pk=record_id, lease_token=token)
+            .values_list("steps", flat=True)
+            .first()
+        )
+        if not isinstance(stored, dict):
+            return {}
+        return {str(name): base64.b64decode(value) for name, value in stored.items()}
 
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         records = IdempotencyRecord.objects.using(self.alias).filter(reclaimable(now))

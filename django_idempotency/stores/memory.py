@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 
@@ -58,20 +59,23 @@ class MemoryStore(BaseStore):
                 return self._claim(request)
             if not record.abandoned(now):
                 return record.answer(request)
+            carried = record.steps if record.resumed_by(request) else {}
         # The take-over is a step of its own, as on a store other processes share: it happens
         # only if the record is still the one read (compare and set), whatever came between.
         between_steps("take-over")
         with self._lock:
             current = self.records.get(request.scope)
             if current is record:
-                return self._claim(request)
+                return self._claim(request, carried)
         if current is None or current.abandoned(now):
             return Claim(Outcome.IN_PROGRESS)  # Released, or taken over and lost again, since.
         return current.answer(request)
 
-    def _claim(self, request: ClaimRequest) -> Claim:
-        """Write the request's claim over whatever holds the key; lock held."""
+    def _claim(self, request: ClaimRequest, steps: Mapping[str, bytes] | None = None) -> Claim:
+        """Write the request's claim over whatever holds the key, with the `steps` it carries
+        over; lock held."""
         token = uuid.uuid4().hex
+        steps = dict(steps or {})
         self.records[request.scope] = Record(
             fingerprint=request.fingerprint,
             method=request.method,
@@ -81,8 +85,9 @@ class MemoryStore(BaseStore):
             lease_expires_at=request.lease_expires_at,
             created_at=request.now,
             expires_at=request.expires_at,
+            steps=steps,
         )
-        return fresh_claim(request, token)
+        return fresh_claim(request, token, steps=steps)
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
         assert claim.scope is not None
@@ -106,6 +111,25 @@ class MemoryStore(BaseStore):
             if record is None or record.status != Status.IN_PROGRESS:
                 return False
             del self.records[claim.scope]
+        return True
+
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        assert claim.scope is not None
+        with self._lock:
+            record = self._own(claim)
+            if record is None or record.status != Status.IN_PROGRESS:
+                return False
+            self.records[claim.scope] = replace(record, lease_expires_at=until)
+        claim.lease_expires_at = until
+        return True
+
+    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
+        assert claim.scope is not None
+        with self._lock:
+            record = self._own(claim)
+            if record is None or record.status != Status.IN_PROGRESS:
+                return False
+            self.records[claim.scope] = replace(record, steps=dict(steps))
         return True
 
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:

@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -86,14 +86,21 @@ CLAIM = (
     + "return false\n"
 )
 
+# A step's result is the hash field STEP_PREFIX + its name.
+STEP_PREFIX = "step:"
+# What the take-over returns when it carries steps over: then the step fields, name and value.
+CARRIED = b"carried"
+
 # The take-over of a record the claim read as abandoned, or the record as it is now if it may
 # no longer be taken over: it must still carry the token it was read with (ARGV[12]), so that
 # of two retries that read the same stale record exactly one wins, and still be abandoned at
 # `now` (ARGV[9]) by `core.outcomes.is_abandoned`'s rule, so that a completion that came in
 # between is replayed, not run again. A record gone meanwhile leaves the key free to claim.
+# The same request's attempt, still in progress, hands its steps to the new claim.
 TAKE_OVER = (
     _READ_RECORD
-    + f"""if {_found("status")} then
+    + f"""local carried = {{}}
+if {_found("status")} then
   local now, abandoned = tonumber(ARGV[9]), false
   if {_found("status")} == 'in_progress' and {_found("lease_expires_at")} then
     abandoned = tonumber({_found("lease_expires_at")}) <= now
@@ -101,10 +108,24 @@ TAKE_OVER = (
     abandoned = tonumber({_found("expires_at")}) <= now
   end
   if {_found("lease_token")} ~= ARGV[12] or not abandoned then return found end
+  if {_found("status")} == 'in_progress' and {_found("fingerprint")} == ARGV[4]
+      and {_found("method")} == ARGV[5] and {_found("path")} == ARGV[6] then
+    local fields = redis.call('HGETALL', KEYS[1])
+    for i = 1, #fields, 2 do
+      if string.sub(fields[i], 1, {len(STEP_PREFIX)}) == '{STEP_PREFIX}' then
+        table.insert(carried, fields[i])
+        table.insert(carried, fields[i + 1])
+      end
+    end
+  end
 end
 """
     + _WRITE_CLAIM
-    + "return false\n"
+    + f"""if #carried == 0 then return false end
+redis.call('HSET', KEYS[1], unpack(carried))
+table.insert(carried, 1, '{CARRIED.decode()}')
+return carried
+"""
 )
 
 # Completion and release act only while the record carries the claim's token (fencing).
@@ -123,6 +144,25 @@ RELEASE = """
 local held = redis.call('HMGET', KEYS[1], 'lease_token', 'status')
 if held[1] ~= ARGV[1] or held[2] ~= 'in_progress' then return 0 end
 return redis.call('DEL', KEYS[1])
+"""
+
+
+# A renewal sets the lease's end (ARGV[2]) and keeps the key until then at least (ARGV[3], ms
+# from now), so that an in-progress record never expires under a live lease.
+RENEW = """
+local held = redis.call('HMGET', KEYS[1], 'lease_token', 'status')
+if held[1] ~= ARGV[1] or held[2] ~= 'in_progress' then return 0 end
+redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# Steps only grow: every step saved so far, as fields of the record (ARGV[2..]).
+SAVE_STEPS = """
+local held = redis.call('HMGET', KEYS[1], 'lease_token', 'status')
+if held[1] ~= ARGV[1] or held[2] ~= 'in_progress' then return 0 end
+if #ARGV > 1 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end
+return 1
 """
 
 
@@ -175,6 +215,12 @@ class RedisStore(BaseStore):
             # Expired, or its request's lease ran out: take it over, unless it changed since.
             between_steps("take-over")
             found = self._claim(TAKE_OVER, key, [*claim_args, record.lease_token], token)
+            if _carried(found):
+                steps = {
+                    bytes(name).decode().removeprefix(STEP_PREFIX): bytes(value)
+                    for name, value in zip(found[1::2], found[2::2], strict=True)
+                }
+                return fresh_claim(request, token, steps=steps)
             if found is not None:
                 record = _record(found, like=request.now)
                 if record.abandoned(request.now):
@@ -217,6 +263,24 @@ class RedisStore(BaseStore):
         assert claim.scope is not None
         return bool(self._run(RELEASE, self.record_key(claim.scope), [claim.lease_token]))
 
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        assert claim.scope is not None and claim.expires_at is not None
+        # To the millisecond below: a lease ended "now" has ended for a retry in the same one.
+        end = _ms(until.replace(microsecond=until.microsecond // 1000 * 1000))
+        now = _ms(datetime.now(tz=until.tzinfo))
+        lives = max(_ms(claim.expires_at), end) - now  # As a claim's key lives.
+        args = [claim.lease_token, end, max(lives, 1)]
+        renewed = bool(self._run(RENEW, self.record_key(claim.scope), args))
+        if renewed:
+            claim.lease_expires_at = until
+        return renewed
+
+    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
+        assert claim.scope is not None
+        fields = [part for name, value in steps.items() for part in (STEP_PREFIX + name, value)]
+        args = [claim.lease_token, *fields]
+        return bool(self._run(SAVE_STEPS, self.record_key(claim.scope), args))
+
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         """Nothing to do, whatever the options: Redis deletes each record when it expires."""
         logger.info("The Redis store's records expire by Redis TTL: the purge deletes nothing.")
@@ -231,7 +295,7 @@ class RedisStore(BaseStore):
         if not replicas:
             return self._run(source, key, args)
         found, acknowledged = self._run_and_wait(source, key, args)
-        if found is None and acknowledged < replicas:
+        if (found is None or _carried(found)) and acknowledged < replicas:
             self._run(RELEASE, key, [token])
             raise StoreUnavailable(
                 f"Redis ({self.alias!r}): the claim reached {acknowledged} of the {replicas}"
@@ -344,6 +408,11 @@ class RedisStore(BaseStore):
                     policy,
                 )
         self._policies_checked.add(self.alias)
+
+
+def _carried(found: Any) -> bool:
+    """Whether a take-over's answer is the claim it made, with the steps it carried over."""
+    return isinstance(found, list) and bool(found) and found[0] == CARRIED
 
 
 def _strictest(answers: list[Any]) -> Any:

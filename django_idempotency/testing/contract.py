@@ -232,6 +232,132 @@ class StoreContract:
         assert store.complete(winner, RESPONSE, now + MILLISECOND)
         self.assert_replays(store, self.request(scope, now + 2 * MILLISECOND), RESPONSE)
 
+    # Renewal: a heartbeat extends the lease of a claim whose work still runs.
+
+    def test_a_renewal_extends_the_lease_and_the_claim_says_until_when(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        start = now - timedelta(seconds=50)  # The 60-second lease has ten seconds left.
+        claim = self.fresh(store, self.request(scope, start))
+        until = now + timedelta(seconds=60)
+
+        assert store.renew(claim, until)
+
+        assert claim.lease_expires_at == until
+        later = self.request(scope, now + timedelta(seconds=30))  # Past the first lease.
+        assert self.outcome(store, later) is Outcome.IN_PROGRESS
+        assert self.outcome(store, self.request(scope, until - MILLISECOND)) is (
+            Outcome.IN_PROGRESS
+        )
+        self.fresh(store, self.request(scope, until))  # The renewed lease ran out: taken over.
+
+    def test_a_renewed_claim_completes_and_replays(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        claim = self.fresh(store, self.request(scope, now - timedelta(seconds=50)))
+        assert store.renew(claim, now + timedelta(seconds=60))
+
+        assert store.complete(claim, RESPONSE, now + timedelta(seconds=30))
+        self.assert_replays(store, self.request(scope, now + timedelta(seconds=31)), RESPONSE)
+
+    def test_a_renewal_after_a_take_over_is_refused_and_changes_nothing(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        original = self.abandoned(store, scope, now)
+        original_end = original.lease_expires_at
+        retry = self.fresh(store, self.request(scope, now))
+        retry_end = retry.lease_expires_at
+        assert retry_end is not None
+
+        assert not store.renew(original, now + timedelta(hours=1))
+
+        assert original.lease_expires_at == original_end
+        assert self.outcome(store, self.request(scope, retry_end - MILLISECOND)) is (
+            Outcome.IN_PROGRESS
+        )
+        self.fresh(store, self.request(scope, retry_end))  # The retry's lease, not extended.
+
+    def test_a_renewal_of_a_completed_or_released_claim_is_refused(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        completed = self.completed(store, self.request(scope, now))
+        other = Scope(scope.namespace, scope.owner, scope.key + "-released")
+        released = self.fresh(store, self.request(other, now))
+        assert store.release(released)
+
+        assert not store.renew(completed, now + timedelta(hours=2))
+        assert not store.renew(released, now + timedelta(hours=2))
+
+        self.assert_replays(store, self.request(scope, now + MILLISECOND), RESPONSE)
+        self.fresh(store, self.request(other, now + MILLISECOND))  # Released stays released.
+
+    def test_a_renewal_to_now_ends_the_lease(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        claim = self.fresh(store, self.request(scope, now))
+
+        assert store.renew(claim, now)
+
+        self.fresh(store, self.request(scope, now))
+
+    # Steps: what a lease-mode operation completed, for a retry after a crash to skip.
+
+    def test_the_same_requests_take_over_carries_the_steps(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        original = self.abandoned(store, scope, now)
+        steps = {"charge": b'{"id": 7}', "every-byte": bytes(range(256))}
+        assert store.save_steps(original, {"charge": steps["charge"]})
+        assert store.save_steps(original, steps)  # Every step so far, each time.
+
+        retry = self.fresh(store, self.request(scope, now))
+
+        assert retry.steps == steps
+        assert not store.save_steps(original, {**steps, "late": b"1"})  # Fenced.
+        assert store.save_steps(retry, {**steps, "ship": b"2"})
+        assert store.complete(retry, RESPONSE, now + MILLISECOND)
+        self.assert_replays(store, self.request(scope, now + 2 * MILLISECOND), RESPONSE)
+
+    def test_a_fresh_claim_of_a_new_key_has_no_steps(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        assert self.fresh(store, self.request(scope, now)).steps == {}
+
+    def test_another_requests_take_over_starts_without_the_steps(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        original = self.abandoned(store, scope, now)
+        assert store.save_steps(original, {"charge": b"1"})
+
+        other = self.fresh(store, self.request(scope, now, fingerprint=OTHER_FINGERPRINT))
+
+        assert other.steps == {}
+        assert store.release(other)
+        # Nor does the first request's own retry find them: the other request replaced them.
+        assert self.fresh(store, self.request(scope, now + MILLISECOND)).steps == {}
+
+    def test_the_take_over_of_an_expired_completed_record_starts_without_steps(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        first = self.request(scope, now - timedelta(hours=2), ttl=timedelta(hours=1))
+        claim = self.fresh(store, first)
+        assert store.save_steps(claim, {"charge": b"1"})
+        assert store.complete(claim, RESPONSE, first.now)
+
+        assert self.fresh(store, self.request(scope, now)).steps == {}
+
+    def test_steps_are_refused_once_the_claim_completed_or_was_released(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        completed = self.completed(store, self.request(scope, now))
+        other = Scope(scope.namespace, scope.owner, scope.key + "-released")
+        released = self.fresh(store, self.request(other, now))
+        assert store.release(released)
+
+        assert not store.save_steps(completed, {"late": b"1"})
+        assert not store.save_steps(released, {"late": b"1"})
+        self.assert_replays(store, self.request(scope, now + MILLISECOND), RESPONSE)
+
     # Copies kept outside the store of record (the cache tier).
 
     def test_a_forget_between_a_replays_read_and_its_copy_is_not_undone(

@@ -31,7 +31,8 @@ def short_ttl_server(serve: Serve) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def short_lease_server(serve: Serve) -> Iterator[Server]:
-    with serve("lease", IDEMPOTENCY_LEASE=str(LEASE)) as running:
+    # Leases not renewed: as in a worker that stalls whole past its lease, heartbeat included.
+    with serve("lease", IDEMPOTENCY_LEASE=str(LEASE), IDEMPOTENCY_LEASE_RENEWAL="0") as running:
         yield running
 
 

@@ -32,6 +32,7 @@ def idempotent_task(
     mode: Mode | None = None,
     on_conflict: OnConflict = "wait",
     serializer: ResultSerializer | None = None,
+    lease: timedelta | float | None = None,
     app: Any = None,
     **task_options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
@@ -42,9 +43,12 @@ def idempotent_task(
     task's arguments instead (a parameter's name, or a callable taking them). A retry of the
     same message is not a duplicate of itself: a failed attempt releases the key. A duplicate
     that finds the first attempt still running waits (``on_conflict``) and then retries the
-    task after ``IDEMPOTENCY_LEASE``. Other keyword arguments are the task's own options.
+    task after its lease (``lease``, default ``IDEMPOTENCY_LEASE``; in lease mode renewed while
+    the body runs). Other keyword arguments are the task's own options.
     """
-    options = RunOptions(ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer)
+    options = RunOptions(
+        ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer, lease=lease
+    )
     bind = bool(task_options.get("bind", False))
 
     def decorate(func: Callable[..., Any]) -> Any:
@@ -69,7 +73,7 @@ def idempotent_task(
             except KeyInProgress as exc:
                 # The first attempt still runs (or its worker died holding a lease): look again
                 # once that lease can have run out; counted against the task's max_retries.
-                raise task.retry(countdown=conf.LEASE.total_seconds(), exc=exc) from exc
+                raise task.retry(countdown=options.lease_length.total_seconds(), exc=exc) from exc
 
         declare = shared_task if app is None else app.task
         return declare(name=name, **{k: v for k, v in task_options.items() if k != "name"})(body)

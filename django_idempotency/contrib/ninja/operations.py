@@ -29,6 +29,7 @@ def idempotent(
     *,
     required: bool | None = None,
     ttl: timedelta | float | None = None,
+    lease: timedelta | float | None = None,
     mode: Mode | None = None,
     on_conflict: OnConflict | None = None,
     namespace: str | None = None,
@@ -45,6 +46,7 @@ def idempotent(
     options = Options(
         required=required,
         ttl=ttl,
+        lease=lease,
         mode=mode,
         on_conflict=on_conflict,
         namespace=namespace,

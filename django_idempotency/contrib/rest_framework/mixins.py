@@ -41,6 +41,7 @@ class IdempotencyMixin:
     # One per option of `django_idempotency.options.OPTIONS`, which a test holds them to.
     idempotency_required: bool | None = None
     idempotency_ttl: timedelta | float | None = None
+    idempotency_lease: timedelta | float | None = None
     idempotency_mode: Mode | None = None
     idempotency_on_conflict: OnConflict | None = None
     idempotency_namespace: str | None = None

@@ -1,0 +1,216 @@
+"""Steps: recovery points of a lease-mode operation, which a retry after a crash skips."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from cryptography.fernet import Fernet
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import Client, override_settings
+from django.urls import path
+
+from django_idempotency import idempotent, idempotent_function
+from django_idempotency.attempts import current_attempt
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.purge import purge_expired_records
+from django_idempotency.steps import astep, current_step_name, step
+from tests.stores import stored, the_record
+from tests.utils import post
+
+pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
+
+calls: Counter[str] = Counter()  # How many times each step's work ran.
+fail_at: set[str] = set()  # The steps whose work raises (a crash between two steps).
+
+
+class Crash(Exception):
+    """The work failed between two steps (a lost process, as a Python caller sees it)."""
+
+
+@pytest.fixture(autouse=True)
+def fresh_counts() -> Iterator[None]:
+    calls.clear()
+    fail_at.clear()
+    yield
+    calls.clear()
+    fail_at.clear()
+
+
+@dataclass
+class Receipt:
+    charge: int
+    note: str
+
+
+def charge_card(amount: int) -> Receipt:
+    calls["charge"] += 1
+    assert current_step_name() == "charge"  # Outbound calls derive their keys from it.
+    return Receipt(charge=amount * 100, note="charged")
+
+
+def ship(receipt: Receipt) -> dict[str, Any]:
+    calls["ship"] += 1
+    if "ship" in fail_at:
+        raise Crash("the carrier is down")
+    return {"shipped": receipt.charge}
+
+
+@idempotent_function(key="key", payload=["amount"], mode="lease")
+def order(key: str, amount: int) -> dict[str, Any]:
+    receipt = step("charge", charge_card, amount)
+    assert current_step_name() is None
+    return step("ship", ship, receipt)
+
+
+async def charge_card_async(amount: int) -> int:
+    calls["charge"] += 1
+    assert current_step_name() == "charge"
+    return amount * 100
+
+
+async def ship_async(charged: int) -> int:
+    calls["ship"] += 1
+    if "ship" in fail_at:
+        raise Crash("the carrier is down")
+    return charged + 1
+
+
+@idempotent_function(key="key", payload=["amount"])
+async def order_async(key: str, amount: int) -> int:
+    charged = await astep("charge", charge_card_async, amount)
+    return await astep("ship", ship_async, charged)
+
+
+@idempotent(mode="lease")
+def order_view(request: HttpRequest) -> HttpResponse:
+    amount = json.loads(request.body)["amount"]
+    receipt = step("charge", charge_card, amount)
+    return JsonResponse(step("ship", ship, receipt), status=201)
+
+
+@idempotent(mode="atomic")
+def atomic_order_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"charge": step("charge", charge_card, 1).charge}, status=201)
+
+
+urlpatterns = [path("orders/", order_view), path("atomic-orders/", atomic_order_view)]
+
+
+def test_a_retry_skips_the_step_that_completed_and_resumes_at_the_one_that_failed(
+    store: str,
+) -> None:
+    fail_at.add("ship")
+    with pytest.raises(Crash):
+        order(key="o-1", amount=3)
+    assert calls == {"charge": 1, "ship": 1}
+    fail_at.clear()
+
+    result = order(key="o-1", amount=3)
+
+    assert result == {"shipped": 300}  # From the charge step's stored result, a Receipt again.
+    assert calls == {"charge": 1, "ship": 2}  # The charge was not made a second time.
+    assert order(key="o-1", amount=3) == {"shipped": 300}  # Then replayed.
+    assert calls == {"charge": 1, "ship": 2}
+
+
+def test_the_failed_attempt_ends_its_lease_so_the_retry_need_not_wait(store: str) -> None:
+    fail_at.add("ship")
+    with pytest.raises(Crash):
+        order(key="o-1", amount=3)
+
+    # The record stays, in progress, its lease over: what the retry takes over and resumes.
+    record = the_record()
+    assert record.status == "in_progress"
+
+
+def test_a_different_request_taking_over_the_abandoned_record_starts_without_its_steps(
+    store: str,
+) -> None:
+    fail_at.add("ship")
+    with pytest.raises(Crash):
+        order(key="o-1", amount=3)
+    fail_at.clear()
+
+    assert order(key="o-1", amount=5) == {"shipped": 500}  # Another payload, the same key.
+
+    assert calls == {"charge": 2, "ship": 2}  # Its own charge: the first's is not its.
+
+
+@pytest.mark.parametrize("store", ["database", "memory"], indirect=True)
+def test_the_stored_steps_go_with_the_purge_of_their_abandoned_record(store: str) -> None:
+    # (The Redis store's records, steps included, are removed by Redis when they expire.)
+    fail_at.add("ship")
+    with pytest.raises(Crash):
+        order(key="o-1", amount=3)
+    fail_at.clear()
+
+    purged = purge_expired_records()
+
+    assert purged.abandoned == 1 and stored() == []
+    assert order(key="o-1", amount=3) == {"shipped": 300}
+    assert calls == {"charge": 2, "ship": 2}  # Nothing left to resume from.
+
+
+def test_an_async_function_resumes_after_its_completed_astep(store: str) -> None:
+    fail_at.add("ship")
+    with pytest.raises(Crash):
+        async_to_sync(order_async)(key="a-1", amount=2)
+    fail_at.clear()
+
+    assert async_to_sync(order_async)(key="a-1", amount=2) == 201
+
+    assert calls == {"charge": 1, "ship": 2}
+
+
+def test_a_view_retried_after_a_failure_resumes_after_its_completed_step(store: str) -> None:
+    client = Client(raise_request_exception=False)
+    fail_at.add("ship")
+    assert post(client, "/orders/", {"amount": 4}, key="v-1").status_code == 500
+    fail_at.clear()
+
+    retry = post(client, "/orders/", {"amount": 4}, key="v-1")
+    replay = post(client, "/orders/", {"amount": 4}, key="v-1")
+
+    assert (retry.status_code, retry.json()) == (201, {"shipped": 400})
+    assert replay["Idempotent-Replayed"] == "true"
+    assert calls == {"charge": 1, "ship": 2}
+
+
+def test_a_step_outside_any_operation_just_runs() -> None:
+    assert current_attempt() is None
+
+    assert step("charge", charge_card, 1) == Receipt(charge=100, note="charged")
+    assert step("charge", charge_card, 1) == Receipt(charge=100, note="charged")
+
+    assert calls == {"charge": 2}
+
+
+def test_a_step_in_atomic_mode_is_refused_saying_to_use_lease_mode() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"step\('charge'\) runs inside an atomic-mode"):
+        post(Client(), "/atomic-orders/", key="atomic-1")
+
+    assert calls == {}
+    assert not IdempotencyRecord.objects.exists()  # Rolled back with the view's transaction.
+
+
+def test_a_steps_result_is_encrypted_at_rest_when_keys_are_set() -> None:
+    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[Fernet.generate_key()]):
+        fail_at.add("ship")
+        with pytest.raises(Crash):
+            order(key="secret-1", amount=7)
+        fail_at.clear()
+        steps = IdempotencyRecord.objects.get().steps
+        assert isinstance(steps, dict) and list(steps) == ["charge"]
+        assert b"charged" not in base64.b64decode(steps["charge"])
+
+        assert order(key="secret-1", amount=7) == {"shipped": 700}
+
+    assert calls == {"charge": 1, "ship": 2}
