@@ -50,15 +50,16 @@ def probabilities() -> dict[str, float]:
     return chosen
 
 
-def _draw(point: str, key: str) -> float:
-    """A number in [0, 1) fixed by the seed, the point and the key."""
-    text = f"{settings.DEMO_CRASH_SEED}\x00{point}\x00{key}".encode()
+def draw(seed: str, point: str, key: str) -> float:
+    """A number in [0, 1) fixed by the seed, the point and the key: below the point's
+    probability, the payout of that key crashes there (a run can tell which will)."""
+    text = f"{seed}\x00{point}\x00{key}".encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "big") / 2**64
 
 
 def _chosen(point: str, key: str) -> bool:
     probability = probabilities().get(point, 0.0)
-    if probability <= 0 or _draw(point, key) >= probability:
+    if probability <= 0 or draw(settings.DEMO_CRASH_SEED, point, key) >= probability:
         return False
     digest = hashlib.sha256(f"{point}\x00{key}".encode()).hexdigest()
     try:  # Once per point and key: the retry must get past it.
@@ -92,7 +93,7 @@ def crash_during(point: str, key: str, within: float) -> Iterator[None]:
     if not _chosen(point, key):
         yield
         return
-    delay = _draw(f"{point}:delay", key) * within
+    delay = draw(settings.DEMO_CRASH_SEED, f"{point}:delay", key) * within
     timer = threading.Timer(delay, _die, (point, key))
     timer.daemon = True
     timer.start()

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from testproject.payments.crashes import draw
 from tests.reliability.client import Answer, post
 from tests.reliability.harness import (
     LIFETIME,
@@ -51,7 +52,13 @@ DROP = 0.2  # The share of the bank's answers the proxy loses.
 HOLD = 0.15  # Seconds the proxy may hold a request, and again its answer.
 # Each point crashes a payout's worker with this probability (once per point and payout).
 CRASH_POINTS = {"before-call": 0.1, "during-call": 0.1, "after-bank": 0.15, "after-step": 0.1}
-LEASE = 4  # Seconds: a killed worker's payout is taken over this long after its claim.
+# Seconds: a killed worker's payout is taken over this long after it last renewed its lease.
+LEASE = 3
+# Payouts whose work lasts longer than their lease (a wait between their steps), sent before the
+# crashes begin, on keys no crash point fires on: their lease must be renewed, so that a
+# duplicate sent after the lease's first end is still answered 409, not run.
+SLOW = 4
+SLOW_DELAY = 2.5 * LEASE
 # Seconds between the harness's own kills of a random caller worker: gunicorn's, and Celery's
 # (which take seconds to start again, and redeliver a dead worker's task after VISIBILITY).
 KILL_EVERY = (2.0, 4.0)
@@ -73,9 +80,12 @@ class Payout:
     amount: int
     answers: list[tuple[float, Answer]] = field(default_factory=list)
 
+    delay: float = 0
+
     @property
     def body(self) -> dict[str, Any]:
-        return {"reference": self.reference, "amount": self.amount, "currency": "EUR"}
+        body = {"reference": self.reference, "amount": self.amount, "currency": "EUR"}
+        return {**body, "delay": self.delay} if self.delay else body
 
     @property
     def final(self) -> Answer:
@@ -218,6 +228,34 @@ def journal_notes(agreement: Agreement) -> str:
     )
 
 
+def check_steps_skipped(
+    crashes: list[dict[str, Any]],
+    references: dict[str, str],
+    bank_db: Database,
+    proxy: DroppingProxy,
+) -> int:
+    """A payout killed after its transfer step was stored never calls the bank again: its
+    retry skips the step. `references`: each crash key's payout reference. Returns how many
+    such crashes there were."""
+    transfer_keys = dict(bank_db.rows('SELECT reference, "key" FROM bank_transfer'))
+    after_step = [crash for crash in crashes if crash["point"] == "after-step"]
+    for crash in after_step:
+        key = transfer_keys[references[crash["key"]]]
+        later = [e for e in proxy.exchanges if e.key == key and e.at > crash["at"]]
+        assert not later, f"the bank was called again after the step was stored: {later}"
+    return len(after_step)
+
+
+def calm_keys(seed: int, count: int) -> list[str]:
+    """Payout keys on which no crash point fires with this seed."""
+    candidates = (f"e2e-{seed}-slow-{number}" for number in range(10_000))
+    return [
+        key
+        for key in candidates
+        if all(draw(str(seed), point, key) >= p for point, p in CRASH_POINTS.items())
+    ][:count]
+
+
 def crash_notes(crashes: list[dict[str, Any]], kills: list[float]) -> str:
     points = Counter(crash["point"] for crash in crashes)
     named = ", ".join(f"{n} {point}" for point, n in sorted(points.items()))
@@ -247,6 +285,11 @@ def test_every_payout_is_executed_once_at_the_bank(
         Payout(f"payout-{number}", f"e2e-{seed}-{number}", 100 + number)
         for number in range(PAYOUTS)
     ]
+    slow = [
+        Payout(f"payout-slow-{number}", key, 900 + number, delay=SLOW_DELAY)
+        for number, key in enumerate(calm_keys(seed, SLOW))
+    ]
+    duplicates: dict[str, Answer] = {}
 
     def pay(payout: Payout) -> None:
         """Send the payout until it has a final answer, with the same key every time."""
@@ -259,11 +302,25 @@ def test_every_payout_is_executed_once_at_the_bank(
             # 409: the claim of a killed worker, until its lease ends; 0: the worker died.
             time.sleep(0.25)
 
+    def pay_slowly(payout: Payout) -> None:
+        """Pay, and send a duplicate once the payout's first lease would have ended."""
+        duplicate = threading.Timer(
+            LEASE + 1.5,
+            lambda: duplicates.setdefault(
+                payout.reference, post(caller.url, PATH, payout.body, payout.key)
+            ),
+        )
+        duplicate.start()
+        pay(payout)
+        duplicate.join()
+
     with (
         losing_proxy(bank_server, seed) as proxy,
         serve("caller", **caller_settings(proxy, tmp_path, seed)) as caller,
     ):
         try:
+            with ThreadPoolExecutor(SLOW) as pool:  # Before the crashes: the lease renewed.
+                list(pool.map(pay_slowly, slow))
             with Killer(caller.worker_pids, seed) as killer, ThreadPoolExecutor(CLIENTS) as pool:
                 list(pool.map(pay, payouts))
         except BaseException:
@@ -272,7 +329,7 @@ def test_every_payout_is_executed_once_at_the_bank(
             raise
 
         # Every payout was answered 201, and its answer is replayed to a further retry.
-        for payout in payouts:
+        for payout in payouts + slow:
             answers = [str(answer) for _, answer in payout.answers]
             assert payout.final.status == 201, (payout.reference, answers)
             again = post(caller.url, PATH, payout.body, payout.key)
@@ -281,11 +338,21 @@ def test_every_payout_is_executed_once_at_the_bank(
     statuses = Counter(answer.status for payout in payouts for _, answer in payout.answers)
     assert not {status for status in statuses if status >= 500} - {503}, statuses
 
+    # The slow payouts' leases were renewed: each ran once, its duplicate answered 409.
+    for payout in slow:
+        assert [answer.status for _, answer in payout.answers] == [201], payout.answers
+        duplicate = duplicates[payout.reference]
+        assert duplicate.status == 409, duplicate
+        assert duplicate.problem()["type"].endswith("request-in-progress"), duplicate
+
     # At the bank: one transfer per payout, the one the payout's answer names.
-    references = [payout.reference for payout in payouts]
+    references = [payout.reference for payout in payouts + slow]
     agreement = check_the_bank(bank_db, db, references, "payout-", "payouts")
-    for payout in payouts:
+    for payout in payouts + slow:
         assert payout.final.json()["bank_transfer"] == agreement.transfers[payout.reference]
+    skipped = check_steps_skipped(
+        crashes, {payout.key: payout.reference for payout in payouts}, bank_db, proxy
+    )
 
     # The run did what it says: workers died at the crash points and by the harness, and the
     # proxy lost answers of transfers the bank executed.
@@ -311,7 +378,9 @@ def test_every_payout_is_executed_once_at_the_bank(
                 f"{PAYOUTS} payouts; {crash_notes(crashes, killer.kills)}; "
                 f"{len(dropped)} answers dropped ({len(proxy.exchanges)} bank calls); "
                 f"0 double executions, 0 missing; {journal_notes(agreement)}; "
-                f"{recovery_notes(recoveries)}"
+                f"{skipped} killed after the transfer step: 0 bank calls again; "
+                f"{SLOW} payouts of {SLOW_DELAY:.1f} s under a {LEASE} s lease renewed, each "
+                f"run once, their duplicates 409; {recovery_notes(recoveries)}"
             ),
         )
     )
@@ -425,6 +494,9 @@ def test_every_payout_task_is_executed_once_at_the_bank(
     crashes = read_crashes(tmp_path)
 
     agreement = check_the_bank(bank_db, db, references, "task-payout-", TASK_NAMESPACE)
+    skipped = check_steps_skipped(
+        crashes, {reference: reference for reference in references}, bank_db, proxy
+    )
     dropped = proxy.dropped
     assert crashes, "no crash point fired: raise CRASH_POINTS"
     assert killer.kills, "the harness killed no worker"
@@ -445,6 +517,7 @@ def test_every_payout_task_is_executed_once_at_the_bank(
                 f"{workers.started} times; {crash_notes(crashes, killer.kills)}; "
                 f"{len(dropped)} answers dropped ({len(proxy.exchanges)} bank calls); "
                 f"0 double executions, 0 missing; {journal_notes(agreement)}; "
+                f"{skipped} killed after the transfer step: 0 bank calls again; "
                 f"{recovery_notes(recoveries)}"
             ),
         )
