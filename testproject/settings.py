@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_idempotency",
     "testproject.payments",
+    "testproject.bank",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -131,12 +132,25 @@ PAYMENTS_WEBHOOK_SECRET = os.environ.get(
     "PAYMENTS_WEBHOOK_SECRET", "whsec_ZGVtby1vbmx5LW5vdC1hLXJlYWwtc2lnbmluZy1rZXk="
 )
 BANK_API_URL = os.environ.get("BANK_API_URL", "")
+# Test-only: the payouts' crash points (testproject/payments/crashes.py), off unless set.
+DEMO_CRASH_POINTS = os.environ.get("DEMO_CRASH_POINTS", "")
+DEMO_CRASH_SEED = os.environ.get("DEMO_CRASH_SEED", "0")
+DEMO_CRASH_DIR = os.environ.get("DEMO_CRASH_DIR", "")
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
 # Celery, when installed (`celery -A testproject worker --beat`): Redis as broker and result store.
 CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799/0")
 CELERY_RESULT_BACKEND = CELERY_BROKER_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+if os.environ.get("CELERY_VISIBILITY_TIMEOUT"):
+    # How soon a message left unacknowledged (acks_late, its worker killed) is delivered again:
+    # an hour by default; the reliability suite shortens it, and looks for such messages every
+    # second.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": float(os.environ["CELERY_VISIBILITY_TIMEOUT"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 CELERY_BEAT_SCHEDULE = {
     "purge-expired-idempotency-records": {
         "task": "django_idempotency.tasks.purge_expired_records",

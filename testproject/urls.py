@@ -1,4 +1,5 @@
-"""Demo routes: the payments API (DRF and Django Ninja), its OpenAPI schema and the admin."""
+"""Demo routes: the payments API (DRF and Django Ninja), its OpenAPI schema, the admin, and the
+downstream bank the payouts call."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ router.register("staff/payments", views.StaffPaymentViewSet, basename="staff-pay
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/refunds/", views.create_refund, name="refund-create"),
+    path("api/payouts/", views.create_payout, name="payout-create"),
     path("checkout/", views.checkout, name="checkout"),
     path("webhooks/provider/", views.provider_webhook, name="provider-webhook"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -32,4 +34,6 @@ urlpatterns = [
     path("api/", include(router.urls)),
     # The same payments in Django Ninja (docs/ninja.md).
     path("ninja/", ninja_api.urls),
+    # The downstream bank the payouts call, served by another instance of the demo.
+    path("bank/", include("testproject.bank.urls")),
 ]

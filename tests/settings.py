@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django_idempotency",
     "tests",
     "testproject.payments",  # The demo's examples are tested against the test database too.
+    "testproject.bank",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -96,3 +97,6 @@ IDEMPOTENCY_WAIT_TIMEOUT = 5
 # What the demo's examples read (testproject/settings.py sets them for the demo).
 PAYMENTS_WEBHOOK_SECRET = "whsec_dGVzdHMtb25seS1wcm92aWRlci1zZWNyZXQ="
 BANK_API_URL = ""
+DEMO_CRASH_POINTS = ""
+DEMO_CRASH_SEED = "0"
+DEMO_CRASH_DIR = ""

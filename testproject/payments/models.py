@@ -22,3 +22,18 @@ class Refund(models.Model):
 
     def __str__(self) -> str:
         return f"refund of {self.amount} on payment {self.payment_id}"
+
+
+class Payout(models.Model):
+    """Money sent out through the bank, recorded once the bank has moved it (the settlement)."""
+
+    reference = models.CharField(
+        max_length=200, unique=True, help_text="The payout's reference, sent to the bank."
+    )
+    amount = models.PositiveIntegerField(help_text="Amount in the currency's minor unit.")
+    currency = models.CharField(max_length=3, default="EUR")
+    bank_transfer = models.BigIntegerField(help_text="The bank's id of the transfer.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"payout {self.reference} of {self.amount} {self.currency}"

@@ -25,6 +25,7 @@ from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.webhooks import StandardWebhooks
 from testproject.payments.models import Payment, Refund
+from testproject.payments.payouts import BankUnavailable, pay_out
 
 
 class PaymentSerializer(serializers.ModelSerializer):
@@ -217,3 +218,45 @@ def provider_webhook(request: HttpRequest) -> HttpResponse:
         payment = get_object_or_404(Payment, pk=int(event["payment"]))
         Refund.objects.create(payment=payment, amount=int(event["amount"]))
     return JsonResponse({"received": event.get("type")})
+
+
+@csrf_exempt
+@require_POST
+@idempotent(required=True, mode="lease", namespace="payouts")
+def create_payout(request: HttpRequest) -> HttpResponse:
+    """POST /api/payouts/ {"reference": "...", "amount": n}: money sent through the bank, once.
+
+    Lease mode: the bank is another service, so its call cannot join this claim's transaction.
+    The claim commits first, and its lease is renewed while the payout runs; a worker killed
+    mid-payout leaves it until the lease ends, and the retry that takes it over skips the steps
+    done or calls the bank again with the same key, which the bank answers with its first
+    answer. `delay` (seconds, at most 10) slows the payout down between its steps.
+    """
+    try:
+        data = json.loads(request.body)
+        reference, amount = str(data["reference"]), int(data["amount"])
+        currency, delay = str(data.get("currency", "EUR")), float(data.get("delay", 0))
+    except (ValueError, KeyError, TypeError):
+        return JsonResponse({"detail": "Send a JSON body with reference and amount."}, status=400)
+    if (
+        not 0 <= amount <= MAX_AMOUNT
+        or not 0 < len(reference) <= 200
+        or len(currency) != 3
+        or not 0 <= delay <= 10
+    ):
+        return JsonResponse(
+            {
+                "detail": f"reference: 1 to 200 characters; amount: 0 to {MAX_AMOUNT}; "
+                "currency: a 3-letter code; delay: 0 to 10 seconds."
+            },
+            status=400,
+        )
+    try:
+        payout = pay_out(
+            reference, amount, currency, key=request.headers["Idempotency-Key"], delay=delay
+        )
+    except BankUnavailable as exc:  # A 5xx gives the key back: the client's retry runs again.
+        response = JsonResponse({"detail": f"{exc} Retry with the same key."}, status=503)
+        response["Retry-After"] = "1"
+        return response
+    return JsonResponse(payout, status=201)

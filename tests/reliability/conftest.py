@@ -41,6 +41,7 @@ SCENARIOS = {
     "test_hostile_input": "5. hostile input",
     "test_isolation": "6. isolation",
     "test_failover": "7. fail-over",
+    "test_end_to_end": "8. end to end",
 }
 # One session per process: what the tests measured, and how long each scenario took.
 _FIGURES = Figures()

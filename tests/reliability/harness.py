@@ -174,6 +174,16 @@ class Services:
         port = self.pgbouncer_port if self.pgbouncer else self.pg_port
         return f"postgres://postgres@127.0.0.1:{port}/{DATABASE}"
 
+    def create_database(self, name: str) -> str:
+        """Create (again) another database on the run's server, for another service of the
+        run, and return its URL (straight to the server, never through PgBouncer)."""
+        admin = Database(self.admin_url)
+        admin.rows(f"DROP DATABASE IF EXISTS {name}")
+        admin.rows(f"CREATE DATABASE {name}" + (" CHARACTER SET utf8mb4" if self.mariadb else ""))
+        if self.mariadb:
+            return f"mysql://root@127.0.0.1:{self.mariadb_port}/{name}"
+        return f"postgres://postgres@127.0.0.1:{self.pg_port}/{name}"
+
     @property
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}"
@@ -384,12 +394,13 @@ for name, (staff, tenants) in {USERS!r}.items():
 """
 
 
-def manage(services: Services, *args: str) -> None:
-    """Run a management command of the demo project against this run's database."""
+def manage(services: Services, *args: str, **settings: str) -> None:
+    """Run a management command of the demo project against this run's database (or with
+    these settings, e.g. another DATABASE_URL)."""
     result = subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
-        env=demo_environment(services),
+        env=demo_environment(services, **settings),
         capture_output=True,
         text=True,
         timeout=120,
