@@ -224,3 +224,51 @@ def test_a_lease_mode_claim_inside_the_requests_transaction_is_not_renewed_from_
 
     assert replay["Idempotent-Replayed"] == "true"
     assert not [r for r in caplog.records if "renew" in r.getMessage()]
+
+
+@idempotent(mode="lease", lease=60)
+def stalled_view(request: HttpRequest) -> HttpResponse:
+    step("charge", count, "charge")
+    taken_over.append(_take_over())
+    heartbeat().beat()  # The stalled process's heartbeat runs again: its renewal is refused.
+    step("ship", count, "ship")
+    return JsonResponse({"shipped": True}, status=201)
+
+
+@idempotent(mode="lease", lease=60)
+async def stalled_async_view(request: HttpRequest) -> HttpResponse:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(step)("charge", count, "charge")
+    await sync_to_async(_take_over_and_beat)()
+    await sync_to_async(step)("ship", count, "ship")
+    return JsonResponse({"shipped": True}, status=201)
+
+
+def _take_over_and_beat() -> None:
+    taken_over.append(_take_over())
+    heartbeat().beat()
+
+
+urlpatterns += [path("stalled/", stalled_view), path("stalled-async/", stalled_async_view)]
+
+
+@pytest.mark.parametrize("url", ["/stalled/", "/stalled-async/"])
+def test_a_view_whose_key_was_taken_over_answers_409_and_the_retry_gets_the_new_owners_answer(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    taken_over.clear()
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        stalled = post(Client(), url, key="stalled-view")
+
+    assert stalled.status_code == 409  # Not a 500: the work is the new owner's now.
+    assert stalled["Content-Type"] == "application/problem+json"
+    assert stalled["Retry-After"] == "1"
+    assert stalled.json()["type"].endswith("request-in-progress")
+    assert runs == {"charge": 1}  # Stopped before its next side effect.
+    assert any("A guarded view stopped" in r.getMessage() for r in caplog.records)
+    [new_owner] = taken_over
+    done = StoredResponse(201, [("Content-Type", "application/json")], b'{"shipped": true}')
+    assert get_store().complete(new_owner, done, timezone.now())
+    retry = post(Client(), url, key="stalled-view")
+    assert (retry.status_code, retry["Idempotent-Replayed"]) == (201, "true")

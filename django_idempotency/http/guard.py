@@ -22,7 +22,7 @@ from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
 from django_idempotency.encryption import UnreadableResponse
-from django_idempotency.exceptions import DeliveryRejected, StoreNotSupported
+from django_idempotency.exceptions import DeliveryRejected, LeaseLost, StoreNotSupported
 from django_idempotency.http import problems
 from django_idempotency.http.credentials import answers_credentials
 from django_idempotency.http.options import Options, Resolved, resolve
@@ -268,6 +268,13 @@ def _one_process_store() -> str:
     )
 
 
+def _taken_over(exc: LeaseLost) -> HttpResponseBase:
+    """The view stopped at its next side effect because its claim was taken over: the request
+    now holding the key does the work, and this client's retry gets its answer."""
+    logger.warning("A guarded view stopped: %s", exc)
+    return problems.lease_lost()
+
+
 def _store_lost(guard: Guard) -> bool:
     """The view raised and its key could not even be released: the store's database is gone,
     most likely why the view failed (in lease mode its queries run outside the guard's
@@ -324,6 +331,8 @@ def _run(
             if early is not None:
                 return early
             return guard.finish(call())
+    except LeaseLost as exc:
+        return _taken_over(exc)
     except StoreUnavailable:
         # Atomic mode: the commit (or the view's own queries) lost the database; nothing was kept.
         return problems.store_unavailable()
@@ -402,6 +411,8 @@ async def _run_guarded(
         response = await call()
     except BaseException as exc:
         await sync_to_async(guard.abort)()
+        if isinstance(exc, LeaseLost):
+            return _taken_over(exc)
         if not isinstance(exc, Exception) or not _store_lost(guard):
             raise
         return problems.store_unavailable()

@@ -145,6 +145,17 @@ def store_unavailable() -> ProblemResponse:
     )
 
 
+def lease_lost() -> ProblemResponse:
+    """The answer of a request whose claim was taken over mid-work (it stalled past its lease):
+    another request with its key owns the work now, and a retry gets that one's answer."""
+    return problem_response(
+        IN_PROGRESS,
+        "This request stalled past its hold on the key, and another request with the key took "
+        "the work over: retry after a moment to get that request's answer.",
+        retry_after=1,
+    )
+
+
 def store_misconfigured() -> ProblemResponse:
     """The answer when the store cannot work until the deployment is fixed (the log says how),
     and so the view was not run. No Retry-After: retrying changes nothing."""
