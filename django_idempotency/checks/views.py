@@ -101,12 +101,8 @@ def _misplaced_decorators() -> Iterator[CheckMessage]:
     """Routed views `@idempotent` was misplaced on, which answer every request 500. Read from
     the URLconf this check imports (in the run that imports it first, too): the decorator does
     not raise as it is imported, where Django would print a traceback above the message."""
-    try:
-        routes = list(_routes(get_resolver().url_patterns, ""))
-    except Exception:  # Django's own URL checks report a URLconf that does not load.
-        return
     seen: set[int] = set()
-    for route, callback in routes:
+    for route, callback in _routed_views():
         mistake = misplaced(callback)
         if mistake is not None and id(mistake) not in seen:  # A viewset has several routes.
             seen.add(id(mistake))
@@ -125,6 +121,15 @@ def _routed_view_classes() -> Iterator[tuple[str, type]]:
         if isinstance(view_class, type) and view_class not in seen:
             seen.add(view_class)
             yield route, view_class
+
+
+def _routed_views() -> list[tuple[str, Any]]:
+    """Every route of the URLconf with its view; none when the URLconf does not load (Django's
+    own URL checks report that)."""
+    try:
+        return list(_routes(get_resolver().url_patterns, ""))
+    except Exception:
+        return []
 
 
 def _routes(patterns: Iterable[Any], prefix: str) -> Iterator[tuple[str, Any]]:
@@ -155,12 +160,8 @@ def _atomic_views_on_lease_only_store() -> Iterator[CheckMessage]:
     store = _lease_only_store()
     if store is None:
         return
-    try:
-        routes = list(_routes(get_resolver().url_patterns, ""))
-    except Exception:  # Django's own URL checks report a URLconf that does not load.
-        return
     seen: set[int] = set()
-    for route, callback in routes:
+    for route, callback in _routed_views():
         view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
         holders = [callback] if view_class is None else [view_class, *vars(view_class).values()]
         for holder in holders:
