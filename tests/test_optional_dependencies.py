@@ -310,6 +310,9 @@ def test_a_plain_django_view_answers_problems(client: Any) -> None:
         ("prometheus", "prometheus_client", "prometheus"),
         ("drf_spectacular", "drf_spectacular", "spectacular"),
         ("rest_framework.errors", "rest_framework.exceptions", "drf"),
+        ("ninja", "ninja.errors", "ninja"),
+        ("opentelemetry", "opentelemetry", "otel"),
+        ("redis_cluster", "redis.cluster", "redis"),
     ],
 )
 def test_the_extra_is_named_where_the_dependency_is_installed_but_cannot_be_imported(
