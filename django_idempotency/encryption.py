@@ -6,7 +6,7 @@ import json
 import struct
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -136,11 +136,3 @@ def unseal_step(stored: bytes, fernet: MultiFernet | None) -> bytes:
             "until the records it encrypted have expired.",
             200,
         ) from None
-
-
-def stored_form(headers: Any, body: bytes | None) -> StoredResponse | None:
-    """A record's response columns as a StoredResponse, for the admin; None without a body."""
-    if body is None:
-        return None
-    pairs = headers if isinstance(headers, list) else []
-    return StoredResponse(0, [(str(p[0]), str(p[1])) for p in pairs if len(p) == 2], bytes(body))

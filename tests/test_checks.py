@@ -1007,6 +1007,14 @@ def test_a_forgotten_migrate_is_reported_by_check_database() -> None:
     assert "500 store-misconfigured" in str(message.hint)
 
 
+@pytest.mark.usefixtures("database_down")
+def test_a_database_that_cannot_be_reached_is_not_reported_as_unmigrated() -> None:
+    # Neither W006 nor W007 guesses: the connection's own error says what is wrong.
+    from django_idempotency.checks.stores import check_database
+
+    assert check_database(databases=["default"]) == []
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_unapplied_migration_is_reported_by_check_database() -> None:
     call_command("migrate", "django_idempotency", "0002", verbosity=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -212,7 +213,43 @@ class CheckedChargeView(APIView):
         return Response({"id": created.pk}, status=201)
 
 
-urlpatterns = [path("checked/charges/", CheckedChargeView.as_view())]
+class DecimalJSONParser(BaseParser):
+    """Amounts as Decimal, which JSON cannot hold: the fingerprint falls back on their text."""
+
+    media_type = "application/vnd.decimal+json"
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        return json.load(stream, parse_int=Decimal)
+
+
+class TextParser(BaseParser):
+    """The body as bytes, as a raw parser gives it."""
+
+    media_type = "text/plain"
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        return stream.read()
+
+
+class ReadsTheBody(permissions.BasePermission):
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return bool(request.data)
+
+
+class ParsedChargeView(APIView):
+    parser_classes = [DecimalJSONParser, TextParser]
+    permission_classes = [ReadsTheBody]
+
+    @idempotent
+    def post(self, request: Any) -> Response:
+        created = Charge.objects.create(reference="parsed", amount=1)
+        return Response({"id": created.pk}, status=201)
+
+
+urlpatterns = [
+    path("checked/charges/", CheckedChargeView.as_view()),
+    path("parsed/charges/", ParsedChargeView.as_view()),
+]
 
 
 def vendor_json(client: Client, body: dict[str, Any]) -> Any:
@@ -234,4 +271,47 @@ def test_a_body_a_permission_parsed_first_is_compared_as_parsed(client: Client) 
     assert first.status_code == 201, first.content
     assert again["Idempotent-Replayed"] == "true"
     assert_problem(other, 422, "key-reused")
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize(
+    ("media_type", "body", "again", "other"),
+    [
+        pytest.param(
+            VendorJSONParser.media_type,
+            {"amount": 10, "nonce": "a"},
+            {"nonce": "a", "amount": 10},
+            {"amount": 10, "nonce": "b"},  # No field ignored: another nonce is another request.
+            id="json",
+        ),
+        pytest.param(
+            DecimalJSONParser.media_type,
+            {"amount": 10},
+            {"amount": 10},
+            {"amount": 11},
+            id="not-json-data",
+        ),
+        pytest.param(TextParser.media_type, "ten", "ten", "eleven", id="raw-bytes"),
+    ],
+)
+def test_a_body_a_parser_consumed_first_still_tells_requests_apart(
+    client: Client, media_type: str, body: Any, again: Any, other: Any
+) -> None:
+    def send(data: Any) -> Any:
+        payload = data if isinstance(data, str) else json.dumps(data)
+        return client.post(
+            "/parsed/charges/"
+            if media_type != VendorJSONParser.media_type
+            else "/checked/charges/",
+            payload,
+            content_type=media_type,
+            headers={"Idempotency-Key": "parsed-1"},
+        )
+
+    first, retry, reused = send(body), send(again), send(other)
+
+    assert first.status_code == 201, first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert_problem(reused, 422, "key-reused")
     assert Charge.objects.count() == 1

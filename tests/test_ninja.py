@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import urllib.error
 import urllib.request
@@ -11,10 +12,12 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.cache import cache
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.http import HttpRequest
 from django.test import Client, override_settings
 from ninja import NinjaAPI, Schema
+from ninja.decorators import decorate_view
 from ninja.security import APIKeyHeader
 from ninja.testing import TestAsyncClient, TestClient
 from ninja.throttling import AnonRateThrottle
@@ -249,6 +252,20 @@ def test_the_schema_follows_the_settings_in_force_when_it_is_generated() -> None
     assert operation["x-idempotency"]["expiry"] == 3600
 
 
+@local_api.get("/refunds/{refund_id}")
+@idempotent(namespace="refunds")  # On a safe method: never guarded, so nothing to document.
+def read_refund(request: HttpRequest, refund_id: int) -> dict[str, Any]:
+    return {"id": refund_id}
+
+
+def test_a_safe_method_operation_documents_no_key_even_when_decorated() -> None:
+    operation = operation_schema(local_api, "/refunds/{refund_id}", "get")
+
+    assert [p["name"] for p in operation["parameters"]] == ["refund_id"]
+    assert "x-idempotency" not in operation
+    assert set(operation["responses"]) == {200}
+
+
 def test_operations_that_are_not_guarded_are_unchanged() -> None:
     operation = operation_schema(demo_api, "/ninja/payments/{payment_id}", "get")
 
@@ -337,3 +354,153 @@ def test_an_operations_own_openapi_extra_is_kept() -> None:
 
     assert operation["x-team"] == "pay"
     assert operation["x-idempotency"]["header"] == "Idempotency-Key"
+
+
+# Where @idempotent goes, and what else decorates the operation.
+
+placed_api = NinjaAPI(urls_namespace="idempotency-tests-placed", auth=Token())
+
+
+def noting(run: Any) -> Any:
+    """A project's own run decorator (Ninja's `decorate_view`), beside the guard, written as
+    Ninja's documentation writes one."""
+
+    @functools.wraps(run)
+    def noted(request: HttpRequest, **kw: Any) -> Any:
+        calls.append("noted")
+        return run(request, **kw)
+
+    return noted
+
+
+@idempotent(namespace="placed-above")  # Above @api.post: the operation already exists.
+@placed_api.post("/above")
+def above(request: HttpRequest, payload: Refund) -> dict[str, Any]:
+    calls.append("above")
+    return {"refunded": payload.amount}
+
+
+@placed_api.post("/decorated-outside")
+@decorate_view(noting)
+@idempotent(namespace="placed-outside")
+def decorated_outside(request: HttpRequest, payload: Refund) -> dict[str, Any]:
+    calls.append("decorated_outside")
+    return {"refunded": payload.amount}
+
+
+@placed_api.post("/decorated-inside")
+@idempotent(namespace="placed-inside")
+@decorate_view(noting)
+def decorated_inside(request: HttpRequest, payload: Refund) -> dict[str, Any]:
+    calls.append("decorated_inside")
+    return {"refunded": payload.amount}
+
+
+@pytest.mark.parametrize(
+    ("path", "noted"),
+    [
+        ("/above", 0),
+        # decorate_view above @idempotent wraps the guard: it sees the replay too.
+        ("/decorated-outside", 2),
+        # Below it, the guard wraps it: a replay does not reach it.
+        ("/decorated-inside", 1),
+    ],
+)
+def test_placed_above_the_route_or_beside_decorate_view_a_retry_is_replayed(
+    path: str, noted: int
+) -> None:
+    calls.clear()
+    client = TestClient(placed_api)
+    headers = {"Idempotency-Key": f"placed{path}", "X-Token": "good"}
+
+    first = client.post(path, json={"amount": 6}, headers=headers)
+    retry = client.post(path, json={"amount": 6}, headers=headers)
+
+    assert first.status_code == retry.status_code == 200
+    assert retry.json() == first.json() == {"refunded": 6}
+    assert retry["Idempotent-Replayed"] == "true"
+    assert calls.count(path.strip("/").replace("-", "_")) == 1
+    assert calls.count("noted") == noted
+    assert operation_schema(placed_api, path)["x-idempotency"]["header"] == "Idempotency-Key"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ninja_async_auth_refuses_before_the_key_is_looked_at() -> None:
+    calls.clear()
+    client = TestAsyncClient(local_api)
+    headers = {"Idempotency-Key": "r-3", "X-Token": "bad"}
+
+    async def refused() -> Any:
+        answer = await client.post("/refunds/async", json={"amount": 4}, headers=headers)
+        await sync_to_async(connections.close_all)()
+        return answer
+
+    answer = asyncio.run(refused())
+
+    assert answer.status_code == 401
+    assert not calls
+    assert not [record for record in stored() if record.namespace == "async-refunds"]
+
+
+# The project's own openapi_extra, merged into what the guard documents.
+
+extra_api = NinjaAPI(urls_namespace="idempotency-tests-extra")
+TRACE_HEADER = {"in": "header", "name": "X-Trace", "schema": {"type": "string"}}
+
+
+@extra_api.post(
+    "/payouts",
+    openapi_extra={
+        "parameters": [TRACE_HEADER],
+        "responses": {409: {"description": "A payout for this key is running."}},
+        "x-team": "pay",
+    },
+)
+@idempotent(namespace="payouts")
+def payout(request: HttpRequest, payload: Refund) -> dict[str, Any]:
+    return {"paid": payload.amount}
+
+
+def test_an_operations_own_parameters_and_responses_join_the_guards() -> None:
+    operation = operation_schema(extra_api, "/payouts")
+
+    headers = [p["name"] for p in operation["parameters"] if p["in"] == "header"]
+    assert headers == ["Idempotency-Key", "X-Trace"]
+    # A status the project documents itself is its own; the guard's others stay.
+    assert operation["responses"][409] == {"description": "A payout for this key is running."}
+    assert operation["responses"][422]["content"]["application/problem+json"]
+    assert operation["x-team"] == "pay"
+
+
+def test_an_operations_openapi_extra_reads_as_the_schema_it_documents() -> None:
+    # What a project inspecting its operations (a schema test, a doc generator) reads.
+    [operation] = extra_api.default_router.path_operations["/payouts"].operations
+    extra = operation.openapi_extra
+    documented = operation_schema(extra_api, "/payouts")
+
+    assert "x-idempotency" in extra
+    assert extra.get("x-idempotency") == extra["x-idempotency"] == documented["x-idempotency"]
+    assert extra.get("x-missing", "none") == "none"
+    assert set(extra.keys()) == {"parameters", "responses", "x-idempotency", "x-team"}
+    assert dict(extra.items())["x-team"] == "pay"
+    assert "pay" in list(extra.values())
+    assert len(extra) == 4
+    assert "'x-team': 'pay'" in repr(extra)
+
+
+def test_below_a_decorate_view_decorator_that_hides_the_operation_it_says_what_to_change() -> None:
+    def hiding(run: Any) -> Any:
+        def hidden(request: HttpRequest, **kw: Any) -> Any:  # No functools.wraps.
+            return run(request, **kw)
+
+        return hidden
+
+    api = NinjaAPI(urls_namespace="idempotency-tests-hiding")
+
+    with pytest.raises(ImproperlyConfigured, match=r"functools\.wraps, or go above @idempotent"):
+
+        @api.post("/hidden")
+        @idempotent(namespace="hidden")
+        @decorate_view(hiding)
+        def hidden(request: HttpRequest, payload: Refund) -> dict[str, Any]:
+            return {"paid": payload.amount}

@@ -180,6 +180,23 @@ def test_the_celery_task_is_not_defined_without_celery(probe: dict[str, Any]) ->
     assert probe["celery_task_defined"] is False
 
 
+def test_the_tasks_module_imports_without_celery_leaving_the_task_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # In this process, as a project without Celery imports it (the beat schedule's module).
+    import django_idempotency
+    import django_idempotency.tasks
+
+    monkeypatch.setitem(sys.modules, "celery", None)
+    monkeypatch.delitem(sys.modules, "django_idempotency.tasks")
+    monkeypatch.setattr(django_idempotency, "tasks", django_idempotency.tasks)
+
+    tasks = importlib.import_module("django_idempotency.tasks")
+
+    assert not hasattr(tasks, "purge_expired_records")
+    assert tasks.retry_countdown(0) == tasks.RETRY_DELAY
+
+
 def test_rest_framework_mixin_imports_without_drf(probe: dict[str, Any]) -> None:
     # The mixin only overrides DRF hooks by name; nothing is imported from DRF until a view
     # class built on it is used, so a project without DRF can still import the package.
@@ -310,6 +327,9 @@ def test_a_plain_django_view_answers_problems(client: Any) -> None:
         ("prometheus", "prometheus_client", "prometheus"),
         ("drf_spectacular", "drf_spectacular", "spectacular"),
         ("rest_framework.errors", "rest_framework.exceptions", "drf"),
+        ("ninja", "ninja.errors", "ninja"),
+        ("opentelemetry", "opentelemetry", "otel"),
+        ("redis_cluster", "redis.cluster", "redis"),
     ],
 )
 def test_the_extra_is_named_where_the_dependency_is_installed_but_cannot_be_imported(

@@ -216,6 +216,21 @@ class PaymentRequiredMiddleware:
         return None
 
 
+async def needs_payment_async(request: HttpRequest) -> HttpResponse:
+    raise PaymentRequired
+
+
+def counts_requests(get_response: Any) -> Any:
+    """A function middleware whose closure also holds its own state, which is not a step."""
+    served: list[str] = []
+
+    def middleware(request: HttpRequest) -> Any:
+        served.append(request.path)
+        return get_response(request)
+
+    return middleware
+
+
 def passes_through(get_response: Any) -> Any:
     """A function middleware: nothing names its next step but a closure."""
 
@@ -273,6 +288,7 @@ urlpatterns = [
     path("django/helper-decorated/", HelperDecoratedView.as_view()),
     path("django/hidden-decorated/", hidden_decorated_function),
     path("django/needs-payment/", needs_payment),
+    path("django/async/needs-payment/", needs_payment_async),
     path("drf/decorated-create/", DecoratedCreateView.as_view()),
     path("drf/mixin-decorated-create/", MixinDecoratedCreateView.as_view()),
     path("drf/mixin-decorated-update/", MixinDecoratedUpdateView.as_view()),
@@ -590,11 +606,17 @@ def test_one_request_is_guarded_once_whatever_guards_it_meets(
 
 EXCEPTION_MIDDLEWARE = f"{__name__}.PaymentRequiredMiddleware"
 FUNCTION_MIDDLEWARE = f"{__name__}.passes_through"
+STATEFUL_MIDDLEWARE = f"{__name__}.counts_requests"
 # Where the project's exception middleware stands, against IdempotencyMiddleware.
 ORDERS = {
     "before": [EXCEPTION_MIDDLEWARE, MIDDLEWARE],
     "after": [MIDDLEWARE, EXCEPTION_MIDDLEWARE],
     "after, behind a function middleware": [MIDDLEWARE, FUNCTION_MIDDLEWARE, EXCEPTION_MIDDLEWARE],
+    "after, behind a function middleware with state": [
+        MIDDLEWARE,
+        STATEFUL_MIDDLEWARE,
+        EXCEPTION_MIDDLEWARE,
+    ],
 }
 
 
@@ -630,6 +652,33 @@ def test_served_by_asgi_a_views_exception_reaches_the_projects_exception_middlew
         )
 
     assert first.status_code == 402
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("order", ORDERS)
+def test_an_async_views_exception_reaches_the_projects_exception_middleware(order: str) -> None:
+    client = Client()
+    with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, *ORDERS[order]]):
+        first = post(client, "/django/async/needs-payment/", key="unpaid-async-view")
+        retry = post(client, "/django/async/needs-payment/", key="unpaid-async-view")
+
+    assert first.status_code == retry.status_code == 402
+    assert "Idempotent-Replayed" not in retry  # Released: the retry ran the view again.
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.usefixtures("middleware")
+@pytest.mark.django_db(transaction=True)
+def test_served_by_asgi_an_exception_no_middleware_answers_is_still_raised() -> None:
+    with pytest.raises(PaymentRequired):
+        async_to_sync(AsyncClient().post)(
+            "/django/needs-payment/",
+            {"amount": 10},
+            "application/json",
+            headers={"Idempotency-Key": "unpaid-asgi"},
+        )
+
     assert not IdempotencyRecord.objects.exists()
 
 

@@ -568,3 +568,26 @@ def test_waiting_for_a_replica_the_stored_response_is_on_it_when_the_client_gets
     assert (first.status_code, retry["Idempotent-Replayed"]) == (201, "true")
     assert on_replica == first.content
     assert Charge.objects.count() == 1
+
+
+def test_a_redis_cluster_location_naming_a_database_says_to_use_key_prefix() -> None:
+    # Refused before any connection is made: no cluster is needed to see it.
+    from django.conf import settings
+    from django.core.cache import caches
+
+    location = "redis://127.0.0.1:63799/2"
+    cluster_alias = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": location,
+        "OPTIONS": {"CLIENT_CLASS": "django_idempotency.contrib.redis_cluster.RedisClusterClient"},
+    }
+    with (
+        override_settings(CACHES={**settings.CACHES, "cluster": cluster_alias}),
+        pytest.raises(ImproperlyConfigured) as error,
+    ):
+        caches["cluster"].get("anything")
+
+    assert str(error.value) == (
+        f"{location!r}: a Redis Cluster has database 0 only. Drop the /2 from the LOCATION and"
+        " keep caches apart with KEY_PREFIX instead."
+    )

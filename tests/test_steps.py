@@ -19,6 +19,7 @@ from django.urls import path
 
 from django_idempotency import idempotent, idempotent_function
 from django_idempotency.attempts import current_attempt
+from django_idempotency.encryption import UnreadableResponse
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.purge import purge_expired_records
 from django_idempotency.steps import astep, current_step_name, step
@@ -214,3 +215,29 @@ def test_a_steps_result_is_encrypted_at_rest_when_keys_are_set() -> None:
         assert order(key="secret-1", amount=7) == {"shipped": 700}
 
     assert calls == {"charge": 1, "ship": 2}
+
+
+@pytest.mark.parametrize(
+    ("keys", "says"),
+    [
+        ([Fernet.generate_key()], "keep a retired key in the list"),
+        (None, "IDEMPOTENCY_ENCRYPTION_KEYS is not set: put the key it was encrypted with back"),
+    ],
+    ids=["key-removed", "encryption-off"],
+)
+def test_a_stored_step_no_configured_key_opens_is_an_error_not_a_second_run(
+    keys: list[bytes] | None, says: str
+) -> None:
+    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[Fernet.generate_key()]):
+        fail_at.add("ship")
+        with pytest.raises(Crash):
+            order(key="secret-2", amount=7)
+        fail_at.clear()
+
+    with (
+        override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=keys),
+        pytest.raises(UnreadableResponse, match=says),
+    ):
+        order(key="secret-2", amount=7)
+
+    assert calls == {"charge": 1, "ship": 1}  # The charge is never made again.

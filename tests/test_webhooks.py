@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -155,6 +156,15 @@ def test_the_secret_may_be_read_on_each_delivery() -> None:
 def test_an_unusable_secret_fails_at_start_up() -> None:
     with pytest.raises(ImproperlyConfigured, match="signing secret"):
         StandardWebhooks("")
+
+
+def test_without_the_webhooks_extra_it_fails_at_start_up_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "standardwebhooks.webhooks", None)  # As if not installed.
+
+    with pytest.raises(ImproperlyConfigured, match=r"pip install \"django-idempotency\[webhooks\]"):
+        StandardWebhooks(WEBHOOK_SECRET)
 
 
 def deliver_with_timestamp(client: Client, timestamp: str) -> Any:
