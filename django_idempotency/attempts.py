@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import replace
 from datetime import timedelta
@@ -55,6 +55,18 @@ _current: ContextVar[Attempt | None] = ContextVar("django_idempotency_attempt", 
 def current_attempt() -> Attempt | None:
     """The attempt holding a claim for the work running now (innermost first), or None."""
     return _current.get()
+
+
+@contextlib.contextmanager
+def restore_current_attempt() -> Iterator[None]:
+    """On leaving, make current again the attempt that was current on entering: for a caller
+    that hands the work (and the end of its claim) to another asyncio task, whose context is a
+    copy of the caller's, so that ending the claim there leaves it current here."""
+    before = _current.get()
+    try:
+        yield
+    finally:
+        _current.set(before)
 
 
 class Attempt:

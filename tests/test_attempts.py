@@ -18,10 +18,11 @@ from django.test.client import AsyncClient
 from django.urls import path
 
 from django_idempotency import idempotent
+from django_idempotency.attempts import current_attempt
 from django_idempotency.models import IdempotencyRecord
 from tests.models import Charge
 from tests.utils import assert_problem, lose_database, post, terminate
-from tests.views import function_view
+from tests.views import async_view, function_view
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
 
@@ -74,7 +75,22 @@ urlpatterns = [
     path(KILLED.lstrip("/"), charge_then_lose_the_connection),
     path(KILLED_MID_VIEW.lstrip("/"), charge_then_query_a_lost_connection),
     path(ASYNC_LOST.lstrip("/"), charge_then_fail_on_a_lost_database),
+    path("async/charges/", async_view),
 ]
+
+
+@pytest.mark.parametrize("url", [URL, "/async/charges/"])
+def test_a_served_request_leaves_its_thread_outside_any_operation(url: str) -> None:
+    """A WSGI thread serves request after request: an attempt left current after one would
+    hand its scope to the next request's outbound keys (an async view ends its claim in a task of
+    its own, whose context the thread does not share)."""
+    first = post(Client(), url, key="thread-1")
+    assert current_attempt() is None
+    retry = post(Client(), url, key="thread-1")
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert current_attempt() is None
 
 
 @pytest.fixture

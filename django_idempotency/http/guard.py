@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
 
-from django_idempotency.attempts import FIRST_DELAY, Attempt, next_delay
+from django_idempotency.attempts import FIRST_DELAY, Attempt, next_delay, restore_current_attempt
 from django_idempotency.conf import conf, require_installed
 from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
@@ -365,19 +365,22 @@ async def run_async(
 async def _run_async(
     call: Callable[[], Awaitable[HttpResponseBase]], request: Any, options: Options, view: Any
 ) -> HttpResponseBase:
-    guard = Guard(request, options, view, force_lease=True, poll=True)
-    early = await sync_to_async(guard.prepare)()
-    if guard.may_wait:
-        guard, early = await _wait(guard, early)
-    if early is not None:
-        return early
-    task = asyncio.ensure_future(_run_guarded(call, guard))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        _detached.add(task)  # Keep a reference until it ends, or it may be collected mid-run.
-        task.add_done_callback(_detached.discard)
-        raise
+    # The claim, made through sync_to_async, makes its attempt current here too; the view runs
+    # and ends it in a task of its own, whose context this one does not see: leave it here.
+    with restore_current_attempt():
+        guard = Guard(request, options, view, force_lease=True, poll=True)
+        early = await sync_to_async(guard.prepare)()
+        if guard.may_wait:
+            guard, early = await _wait(guard, early)
+        if early is not None:
+            return early
+        task = asyncio.ensure_future(_run_guarded(call, guard))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            _detached.add(task)  # Keep a reference until it ends, or it may be collected mid-run.
+            task.add_done_callback(_detached.discard)
+            raise
 
 
 async def _wait(guard: Guard, early: HttpResponseBase | None) -> tuple[Guard, Any]:
