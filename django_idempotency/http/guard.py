@@ -123,7 +123,8 @@ class Guard(contextlib.ExitStack):
     def _claim(
         self, settings: Resolved, scope: Scope, request_fingerprint: str, path: str
     ) -> HttpResponseBase | None:
-        if several_processes(self.http_request) and not get_store().shared_between_processes:
+        # The store first: every store but the memory store answers at once, on the hot path.
+        if not get_store().shared_between_processes and several_processes(self.http_request):
             return problems.unusable_store(StoreNotSupported(_one_process_store()))
         # An async view waits for a running duplicate itself, between tries of its own; one that
         # does not wait is answered (and its conflict announced) at once.

@@ -6,14 +6,14 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.db import Error, IntegrityError, connections, router, transaction
+from django.db import Error, IntegrityError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from django_idempotency.conf import conf
 from django_idempotency.core.keys import key_hash
 from django_idempotency.core.outcomes import Scope
 from django_idempotency.models import OutboundCall
+from django_idempotency.stores.database import records_alias
 
 logger = logging.getLogger("django_idempotency")
 
@@ -23,7 +23,7 @@ _warned_in_transaction = False
 
 def journal_alias() -> str:
     """The database of the journal: IDEMPOTENCY_DATABASE, as for the records, or the router's."""
-    return conf.DATABASE or router.db_for_write(OutboundCall)
+    return records_alias(OutboundCall)
 
 
 def open_call(

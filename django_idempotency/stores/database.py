@@ -20,7 +20,7 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.db.models.sql import UpdateQuery
 
 from django_idempotency.conf import conf
@@ -398,14 +398,15 @@ class DatabaseStore(BaseStore):
         ]
 
 
-def records_alias() -> str:
-    """The database alias of the records: IDEMPOTENCY_DATABASE, or the router's choice.
+def records_alias(model: type[Model] | None = None) -> str:
+    """The database alias of the records (or of `model`, kept beside them: the outbound
+    journal): IDEMPOTENCY_DATABASE, or the router's choice.
 
     The router's choice for writing, for the store's reads too: each read decides (a replay, a
     conflict, a new key), and a replica the router may send reads to can lag behind the primary,
     answering "no record" for a key whose first request has just committed there.
     """
-    return conf.DATABASE or router.db_for_write(IdempotencyRecord)
+    return conf.DATABASE or router.db_for_write(model or IdempotencyRecord)
 
 
 @contextlib.contextmanager

@@ -117,6 +117,16 @@ class StoreContract:
         assert store.complete(claim, response, request.now)
         return claim
 
+    def completed_and_released(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> tuple[Claim, Claim]:
+        """Two claims that ended: one completed (on `scope`), one released (on a key beside it)."""
+        completed = self.completed(store, self.request(scope, now))
+        other = Scope(scope.namespace, scope.owner, scope.key + "-released")
+        released = self.fresh(store, self.request(other, now))
+        assert store.release(released)
+        return completed, released
+
     def assert_replays(
         self, store: BaseStore, request: ClaimRequest, response: StoredResponse
     ) -> None:
@@ -280,16 +290,14 @@ class StoreContract:
     def test_a_renewal_of_a_completed_or_released_claim_is_refused(
         self, store: BaseStore, scope: Scope, now: datetime
     ) -> None:
-        completed = self.completed(store, self.request(scope, now))
-        other = Scope(scope.namespace, scope.owner, scope.key + "-released")
-        released = self.fresh(store, self.request(other, now))
-        assert store.release(released)
+        completed, released = self.completed_and_released(store, scope, now)
 
         assert not store.renew(completed, now + timedelta(hours=2))
         assert not store.renew(released, now + timedelta(hours=2))
 
         self.assert_replays(store, self.request(scope, now + MILLISECOND), RESPONSE)
-        self.fresh(store, self.request(other, now + MILLISECOND))  # Released stays released.
+        assert released.scope is not None
+        self.fresh(store, self.request(released.scope, now + MILLISECOND))  # Released stays so.
 
     def test_a_renewal_to_now_ends_the_lease(
         self, store: BaseStore, scope: Scope, now: datetime
@@ -349,10 +357,7 @@ class StoreContract:
     def test_steps_are_refused_once_the_claim_completed_or_was_released(
         self, store: BaseStore, scope: Scope, now: datetime
     ) -> None:
-        completed = self.completed(store, self.request(scope, now))
-        other = Scope(scope.namespace, scope.owner, scope.key + "-released")
-        released = self.fresh(store, self.request(other, now))
-        assert store.release(released)
+        completed, released = self.completed_and_released(store, scope, now)
 
         assert not store.save_steps(completed, {"late": b"1"})
         assert not store.save_steps(released, {"late": b"1"})
