@@ -1,4 +1,7 @@
-"""Real concurrent duplicates over HTTP, PostgreSQL and MariaDB, every store: one run per key."""
+"""Real concurrent duplicates over HTTP, PostgreSQL and MariaDB, every store: one run per key.
+
+The quick race, in the suite: the reliability suite races the same endpoints from several client
+processes at eight times the volume (docs/reliability.md, scenario 1)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import http.client
 import json
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -17,11 +21,21 @@ from django.test import override_settings
 from django.test.testcases import LiveServerThread
 
 from tests.models import Charge
-from tests.stores import stored
+from tests.stores import stored, using_store
 
-pytestmark = [pytest.mark.postgresql, pytest.mark.mariadb, pytest.mark.django_db(transaction=True)]
+# The database store races on each server database it runs on, directly and through PgBouncer;
+# the Redis and memory stores, whose records are not in the database, once (on PostgreSQL).
+ONCE_ON_POSTGRESQL = (pytest.mark.postgresql, pytest.mark.no_pooler)
+MODES = [
+    pytest.param(("database", "atomic"), marks=(pytest.mark.postgresql, pytest.mark.mariadb)),
+    pytest.param(("database", "lease"), marks=(pytest.mark.postgresql, pytest.mark.mariadb)),
+    pytest.param(("redis", "lease"), marks=(*ONCE_ON_POSTGRESQL, pytest.mark.redis)),
+    pytest.param(("memory", "lease"), marks=ONCE_ON_POSTGRESQL),
+]
 
-KEYS = 50
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KEYS = 20
 DUPLICATES = 20
 BODY = json.dumps({"amount": 10, "sleep": 0.05})
 
@@ -49,10 +63,12 @@ def server_url(django_db_setup: None) -> Any:
     thread.terminate()
 
 
-@pytest.fixture
-def mode(store_mode: tuple[str, str]) -> str:
+@pytest.fixture(params=MODES, ids="-".join)
+def mode(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each store in each of its modes, as the race's report names it."""
-    return "/".join(store_mode)
+    store, mode = request.param
+    with using_store(store), override_settings(IDEMPOTENCY_MODE=mode):
+        yield f"{store}/{mode}"
 
 
 @dataclass(frozen=True)
