@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -60,9 +61,10 @@ LEASE = 3
 SLOW = 4
 SLOW_DELAY = 2.5 * LEASE
 # Seconds between the harness's own kills of a random caller worker: gunicorn's, and Celery's
-# (which take seconds to start again, and redeliver a dead worker's task after VISIBILITY).
+# (one that said it is ready: they take seconds to start again, and redeliver a dead worker's
+# task after VISIBILITY).
 KILL_EVERY = (2.0, 4.0)
-KILL_TASK_WORKER_EVERY = (6.0, 10.0)
+KILL_TASK_WORKER_EVERY = (3.0, 6.0)
 # Seconds a payout may take to be answered, crashes included: generous, as on a loaded machine
 # the killed Celery workers take seconds each to start again (a passing run is no slower).
 GIVE_UP = 300
@@ -397,6 +399,7 @@ class CeleryWorkers:
         self.log = log
         self.processes: list[subprocess.Popen[bytes]] = []
         self.started = 0
+        self.names: dict[int, str] = {}  # pid: the node name it was started with
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._supervise, daemon=True)
         self.lock = threading.Lock()
@@ -412,9 +415,10 @@ class CeleryWorkers:
             "--without-mingle", "--without-gossip", "--without-heartbeat",
             "--loglevel=INFO", "--prefetch-multiplier=1", f"--hostname=e2e-{self.started}@%h",
         ]  # fmt: skip
+        name = f"e2e-{self.started}@"
         self.started += 1
         with self.log.open("ab") as log:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 command,
                 cwd=ROOT,
                 env=self.environment,
@@ -422,6 +426,8 @@ class CeleryWorkers:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self.names[process.pid] = name
+        return process
 
     def _supervise(self) -> None:
         while not self.stopped.wait(0.2):
@@ -431,9 +437,18 @@ class CeleryWorkers:
                     for process in self.processes
                 ]
 
-    def pids(self) -> list[int]:
+    def ready_pids(self) -> list[int]:
+        """The workers that have said they are ready (Celery logs "<name> ready."): one still
+        starting holds no task, so killing it would test nothing and only cost another start,
+        seconds of CPU each on a loaded machine."""
+        said = self.log.read_text(errors="replace") if self.log.exists() else ""
         with self.lock:
-            return [process.pid for process in self.processes if process.poll() is None]
+            return [
+                process.pid
+                for process in self.processes
+                if process.poll() is None
+                and re.search(re.escape(self.names[process.pid]) + r"\S* ready\.", said)
+            ]
 
     def __enter__(self) -> CeleryWorkers:
         with self.lock:
@@ -486,7 +501,7 @@ def test_every_payout_task_is_executed_once_at_the_bank(
             with CeleryWorkers(CELERY_WORKERS, environment, log) as workers:
                 for number, reference in enumerate(references):
                     app.send_task(TASK, kwargs={"reference": reference, "amount": 100 + number})
-                with Killer(workers.pids, seed, KILL_TASK_WORKER_EVERY) as killer:
+                with Killer(workers.ready_pids, seed, KILL_TASK_WORKER_EVERY) as killer:
                     wait_until(completed, GIVE_UP, "every payout task to complete")
         except BaseException:
             print(f"the Celery workers' log kept at {keep_artefact(log)}")
