@@ -9,7 +9,6 @@ import http.client
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from django.test import override_settings
 from django.test.testcases import LiveServerThread
 
 from tests.models import Charge
-from tests.stores import stored, using_store
+from tests.stores import stored
 
 # The database store races on each server database it runs on, directly and through PgBouncer;
 # the Redis and memory stores, whose records are not in the database, once (on PostgreSQL).
@@ -33,7 +32,11 @@ MODES = [
     pytest.param(("memory", "lease"), marks=ONCE_ON_POSTGRESQL),
 ]
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    # conftest's store_mode fixture, on this module's own selection of stores and databases.
+    pytest.mark.parametrize("store_mode", MODES, indirect=True, ids="-".join),
+]
 
 KEYS = 20
 DUPLICATES = 20
@@ -63,12 +66,10 @@ def server_url(django_db_setup: None) -> Any:
     thread.terminate()
 
 
-@pytest.fixture(params=MODES, ids="-".join)
-def mode(request: pytest.FixtureRequest) -> Iterator[str]:
+@pytest.fixture
+def mode(store_mode: tuple[str, str]) -> str:
     """Each store in each of its modes, as the race's report names it."""
-    store, mode = request.param
-    with using_store(store), override_settings(IDEMPOTENCY_MODE=mode):
-        yield f"{store}/{mode}"
+    return "/".join(store_mode)
 
 
 @dataclass(frozen=True)
