@@ -61,12 +61,10 @@ LEASE = 3
 SLOW = 4
 SLOW_DELAY = 2.5 * LEASE
 # Seconds between the harness's own kills of a random caller worker: gunicorn's, and Celery's
-# (one that said it is ready: they take seconds to start again, and redeliver a dead worker's
-# task after VISIBILITY).
+# (one that said it is ready; both are forked again from a loaded parent in milliseconds).
 KILL_EVERY = (2.0, 4.0)
-KILL_TASK_WORKER_EVERY = (3.0, 6.0)
-# Seconds a payout may take to be answered, crashes included: generous, as on a loaded machine
-# the killed Celery workers take seconds each to start again (a passing run is no slower).
+# Seconds a payout may take to be answered, crashes included: generous, as a redelivery waits
+# VISIBILITY and a loaded machine is slow (a passing run is no slower).
 GIVE_UP = 300
 PATH = "/api/payouts/"
 TASK = "testproject.payments.tasks.pay_out_later"
@@ -391,78 +389,93 @@ def test_every_payout_is_executed_once_at_the_bank(
 
 
 class CeleryWorkers:
-    """`count` Celery workers of the demo (solo pool), each started again when it dies."""
+    """`count` Celery workers of the demo (solo pool), each started again when it dies: forked
+    from one process that has loaded the demo (tests/reliability/celery_forks.py), as gunicorn's
+    workers are, so that a start costs milliseconds, not an import of Django and Celery."""
 
     def __init__(self, count: int, environment: dict[str, str], log: Path) -> None:
         self.count = count
         self.environment = environment
         self.log = log
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.forks: subprocess.Popen[str] | None = None
+        self.pids: list[int] = []
         self.started = 0
         self.names: dict[int, str] = {}  # pid: the node name it was started with
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._supervise, daemon=True)
         self.lock = threading.Lock()
 
-    def _start_one(self) -> subprocess.Popen[bytes]:
-        # signal.alarm: a worker stops by itself after LIFETIME, even if this test died first.
-        code = (
-            f"import signal, sys; signal.alarm({LIFETIME}); "
-            "from celery.__main__ import main; sys.argv[0] = 'celery'; sys.exit(main())"
-        )
-        command = [
-            sys.executable, "-c", code, "-A", "testproject", "worker", "--pool=solo",
-            "--without-mingle", "--without-gossip", "--without-heartbeat",
-            "--loglevel=INFO", "--prefetch-multiplier=1", f"--hostname=e2e-{self.started}@%h",
-        ]  # fmt: skip
+    def _start_one(self) -> int:
+        assert self.forks is not None and self.forks.stdin and self.forks.stdout
         name = f"e2e-{self.started}@"
         self.started += 1
-        with self.log.open("ab") as log:
-            process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=self.environment,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.names[process.pid] = name
-        return process
+        self.forks.stdin.write(name + "\n")
+        self.forks.stdin.flush()
+        answer = self.forks.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the Celery workers' parent exited: see {self.log}")
+        pid = int(answer)
+        self.names[pid] = name
+        return pid
 
     def _supervise(self) -> None:
         while not self.stopped.wait(0.2):
             with self.lock:
-                self.processes = [
-                    process if process.poll() is None else self._start_one()
-                    for process in self.processes
-                ]
+                self.pids = [pid if _alive(pid) else self._start_one() for pid in self.pids]
 
     def ready_pids(self) -> list[int]:
         """The workers that have said they are ready (Celery logs "<name> ready."): one still
-        starting holds no task, so killing it would test nothing and only cost another start,
-        seconds of CPU each on a loaded machine."""
+        starting holds no task, so killing it would test nothing and only cost another start."""
         said = self.log.read_text(errors="replace") if self.log.exists() else ""
         with self.lock:
             return [
-                process.pid
-                for process in self.processes
-                if process.poll() is None
-                and re.search(re.escape(self.names[process.pid]) + r"\S* ready\.", said)
+                pid
+                for pid in self.pids
+                if _alive(pid) and re.search(re.escape(self.names[pid]) + r"\S* ready\.", said)
             ]
 
     def __enter__(self) -> CeleryWorkers:
+        command = [
+            sys.executable, "-m", "tests.reliability.celery_forks", str(LIFETIME), "--",
+            "-A", "testproject", "worker", "--pool=solo",
+            "--without-mingle", "--without-gossip", "--without-heartbeat",
+            "--loglevel=INFO", "--prefetch-multiplier=1",
+        ]  # fmt: skip
+        with self.log.open("ab") as log:
+            self.forks = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=self.environment,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,
+            )
         with self.lock:
-            self.processes = [self._start_one() for _ in range(self.count)]
+            self.pids = [self._start_one() for _ in range(self.count)]
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stopped.set()
         self.thread.join(timeout=10)
-        for process in self.processes:
+        for pid in self.pids:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+                os.killpg(pid, signal.SIGKILL)
+        assert self.forks is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.forks.pid, signal.SIGKILL)
+        self.forks.wait(timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a worker still runs (the forks' parent reaps the dead at once)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_every_payout_task_is_executed_once_at_the_bank(
@@ -501,7 +514,7 @@ def test_every_payout_task_is_executed_once_at_the_bank(
             with CeleryWorkers(CELERY_WORKERS, environment, log) as workers:
                 for number, reference in enumerate(references):
                     app.send_task(TASK, kwargs={"reference": reference, "amount": 100 + number})
-                with Killer(workers.ready_pids, seed, KILL_TASK_WORKER_EVERY) as killer:
+                with Killer(workers.ready_pids, seed) as killer:
                     wait_until(completed, GIVE_UP, "every payout task to complete")
         except BaseException:
             print(f"the Celery workers' log kept at {keep_artefact(log)}")
