@@ -20,6 +20,7 @@ from tests.utils import ViewKind, lose_database
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.import_plugin("tests.ci_no_skips")
+    config.pluginmanager.import_plugin("tests.coverage_scope")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
