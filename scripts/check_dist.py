@@ -8,11 +8,11 @@ Usage: python scripts/check_dist.py WORKDIR [pytest arguments...]
 2. `twine check --strict` on both, and a listing check: every file of the package in the source
    tree (modules, migrations, templates, py.typed) is in the wheel and in the sdist; the wheel
    holds nothing outside the package and its metadata (no tests/, no testproject/).
-3. Installs the wheel and the `dev` dependency group into a new virtualenv, copies tests/,
-   testproject/, docs/, manage.py and pyproject.toml (no package source) to WORKDIR/suite, proves
-   that `django_idempotency` is imported from site-packages there, with its py.typed, and runs
-   the smoke tests (SMOKE) there, with pytest's `pythonpath` emptied so that nothing but the
-   installed copy can be imported. Extra pytest arguments go to that run.
+3. Installs the wheel and the `dev` dependency group into a new virtualenv (with uv), copies
+   tests/, testproject/, docs/, manage.py and pyproject.toml (no package source) to
+   WORKDIR/suite, proves that `django_idempotency` is imported from site-packages there, with its
+   py.typed, and runs the smoke tests (SMOKE) there, with pytest's `pythonpath` emptied so that
+   nothing but the installed copy can be imported. Extra pytest arguments go to that run.
 
 With --suite, only copies the suite to SUITEDIR and proves that the running interpreter imports
 its installed copy there: the py313-django6-notz-sqlite tox env runs the whole suite from that copy
@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tarfile
 import tomllib
-import venv
 import zipfile
 from pathlib import Path
 
@@ -93,7 +92,8 @@ def build(workdir: Path) -> tuple[Path, Path]:
     source = workdir / "src"
     shutil.copytree(ROOT, source, ignore=ignore)
     dist = workdir / "dist"
-    run(sys.executable, "-m", "build", "--outdir", dist, source)
+    # uv (tox.ini: build[uv]) makes the isolated build environments in a second, not pip.
+    run(sys.executable, "-m", "build", "--installer", "uv", "--outdir", dist, source)
     (sdist,) = dist.glob("*.tar.gz")
     (wheel,) = dist.glob("*.whl")
     run(sys.executable, "-m", "twine", "check", "--strict", sdist, wheel)
@@ -168,11 +168,12 @@ def without_pythonpath() -> dict[str, str]:
 
 def run_smoke_tests(wheel: Path, workdir: Path, pytest_args: list[str]) -> None:
     environment = workdir / "venv"
-    venv.create(environment, with_pip=True)
+    uv = (sys.executable, "-m", "uv")
+    run(*uv, "venv", "--quiet", "--python", sys.executable, environment)
     python = environment / "bin" / "python"
-    # The dev dependency group (PEP 735), read here: pip before 25.1 cannot install groups.
+    # The dev dependency group (PEP 735), read here, installed with the wheel by uv.
     groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
-    run(python, "-m", "pip", "install", "--quiet", wheel, *groups["dev"])
+    run(*uv, "pip", "install", "--quiet", "--python", python, wheel, *groups["dev"])
 
     suite = workdir / "suite"
     copy_suite(suite)
