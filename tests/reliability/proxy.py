@@ -28,7 +28,9 @@ class Exchange:
     attempt: int  # How many requests with this key came before it (0: the first).
     status: int  # The upstream's status (0: the upstream gave no answer).
     dropped: bool  # The answer was not passed on.
-    at: float  # time.time() when the answer was passed on or dropped.
+    # time.time() when the request arrived: a caller may get the answer, act on it and die
+    # before this thread, having passed the answer on, is scheduled again.
+    at: float
 
 
 @dataclass
@@ -100,6 +102,7 @@ class DroppingProxy:
             request = _read_message(client, whole=False)
             if request is None:
                 return
+            arrived = time.time()
             key = _header(request, b"idempotency-key")
             with self._lock:
                 attempt = self._seen.get(key, 0)
@@ -112,7 +115,7 @@ class DroppingProxy:
                 with contextlib.suppress(OSError):  # The caller died meanwhile.
                     client.sendall(_closing(answer))
             with self._lock:
-                self.exchanges.append(Exchange(key, attempt, _status(answer), dropped, time.time()))
+                self.exchanges.append(Exchange(key, attempt, _status(answer), dropped, arrived))
 
     def _forward(self, request: bytes) -> bytes | None:
         try:
