@@ -128,7 +128,9 @@ def test_redis_stopped_mid_run_fails_no_request_and_replays_continue_from_the_da
     server, prefix = cached_server, "redis-"
     seeded = _seed(server, prefix, PATHS["atomic"])
     cache = redis.Redis.from_url(services.redis_url + "/3", socket_timeout=2)
-    assert cache.dbsize() >= SEEDED  # The replays are being served from the cache tier.
+    # The replays are being served from the cache tier. The copy of a response is written as
+    # the response is closed, after its last byte reached the client: wait for the last one.
+    wait_until(lambda: cache.dbsize() >= SEEDED, 10, "the seeded responses in the cache tier")
     stopped: list[float] = []
 
     def stop_redis() -> None:
