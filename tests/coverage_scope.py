@@ -35,18 +35,19 @@ DATABASE_TESTS = frozenset(
         "tests/test_transactions.py",
     }
 )
-SCOPES = {"database": DATABASE_TESTS}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    scope = os.environ.get("COVERAGE_SCOPE")
+    scope = os.environ.get("COVERAGE_SCOPE", "")
     if not scope:
         return
+    if scope != "database":
+        raise pytest.UsageError(f"COVERAGE_SCOPE={scope!r}: the one scope is 'database'.")
     import coverage
 
     measuring = coverage.Coverage.current()
     if measuring is not None:
-        config.pluginmanager.register(MeasuredFiles(measuring, SCOPES[scope]), "coverage-scope")
+        config.pluginmanager.register(MeasuredFiles(measuring, DATABASE_TESTS), "coverage-scope")
 
 
 class MeasuredFiles:

@@ -66,6 +66,13 @@ PROPERTY_SETTINGS = hypothesis_settings(
 )
 
 T = TypeVar("T")
+
+
+def property_test(test: T) -> T:
+    """A property test, bounded by PROPERTY_SETTINGS and seeded by the run."""
+    return hypothesis_seed(RUN_SEED)(PROPERTY_SETTINGS(test))
+
+
 Kind = Literal["json", "form", "multipart", "octet", "empty"]
 
 
@@ -477,8 +484,7 @@ def calls(
 
 @target_ids
 @kind_ids
-@hypothesis_seed(RUN_SEED)
-@PROPERTY_SETTINGS
+@property_test
 @given(data=st.data())
 def test_same_request_again_replays(
     browser: Browser, target: str, kind: Kind, data: st.DataObject
@@ -495,8 +501,7 @@ def test_same_request_again_replays(
 
 @target_ids
 @respellable_kind_ids
-@hypothesis_seed(RUN_SEED)
-@PROPERTY_SETTINGS
+@property_test
 @given(data=st.data(), respelt=styles)
 def test_same_request_spelt_differently_replays(
     browser: Browser, target: str, kind: Kind, data: st.DataObject, respelt: Style
@@ -554,8 +559,7 @@ def _repeated_names(fields: Sequence[tuple[str, str]]) -> list[str]:
 
 @target_ids
 @kind_ids
-@hypothesis_seed(RUN_SEED)
-@PROPERTY_SETTINGS
+@property_test
 @given(data=st.data())
 def test_same_key_on_a_different_request_is_422_and_keeps_the_stored_response(
     browser: Browser, target: str, kind: Kind, data: st.DataObject
@@ -578,8 +582,7 @@ def test_same_key_on_a_different_request_is_422_and_keeps_the_stored_response(
 
 @target_ids
 @kind_ids
-@hypothesis_seed(RUN_SEED)
-@PROPERTY_SETTINGS
+@property_test
 @given(data=st.data())
 def test_malformed_or_repeated_key_is_400(
     browser: Browser, target: str, kind: Kind, data: st.DataObject
@@ -617,8 +620,7 @@ garbage = st.one_of(
 
 
 @target_ids
-@hypothesis_seed(RUN_SEED)
-@PROPERTY_SETTINGS
+@property_test
 @given(method=methods, content_type=garbage_types, body=garbage, key=valid_keys)
 def test_malformed_bodies_never_cause_a_server_error(
     browser: Browser, target: str, method: str, content_type: str, body: bytes, key: str

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 
 def main() -> None:
@@ -43,14 +44,16 @@ def main() -> None:
         print(pid, flush=True)
 
 
-def _become_worker(name: str, arguments: list[str], lifetime: int, celery_main: object) -> None:
+def _become_worker(
+    name: str, arguments: list[str], lifetime: int, celery_main: Callable[[], object]
+) -> None:
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.alarm(lifetime)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # Its log, like the process's stderr.
     sys.argv = ["celery", *arguments, f"--hostname={name}%h"]
     try:
-        code = celery_main()  # type: ignore[operator]
+        code = celery_main()
     except SystemExit as stopped:
         code = stopped.code
     finally:
