@@ -12,6 +12,8 @@ PG_PORT="${PG_PORT:-54329}"
 PG_DATA="$SERVICES_DIR/postgres"
 PG_REPLICA_PORT="${PG_REPLICA_PORT:-54330}"
 PG_REPLICA_DATA="$SERVICES_DIR/postgres-replica"
+PG_REPLICA_PRIMARY_PORT="${PG_REPLICA_PRIMARY_PORT:-54331}"
+PG_REPLICA_PRIMARY_DATA="$SERVICES_DIR/postgres-replica-primary"
 MARIADB_PORT="${MARIADB_PORT:-33069}"
 MARIADB_DIR="$SERVICES_DIR/mariadb"
 REDIS_PORT="${REDIS_PORT:-63799}"
@@ -33,24 +35,35 @@ _as_pg_user() { _as postgres "$@"; }
 _as_mysql_user() { _as mysql "$@"; }
 
 start_postgres() {
+  PG_STARTED_HERE=0
+  # Nothing streams from this one (the replica has a primary of its own): the least WAL.
+  _start_pg_cluster "$PG_DATA" "$PG_PORT" "-c wal_level=minimal -c max_wal_senders=0" \
+    && PG_STARTED_HERE="$PG_CLUSTER_STARTED" || return 1
+  export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/idempotency"
+  echo "PostgreSQL ready on 127.0.0.1:$PG_PORT"
+}
+
+# Starts the cluster in DATA on PORT (made with initdb if missing) with the EXTRA settings, unless
+# it is running already; sets PG_CLUSTER_STARTED to 1 if it started it here. Usage:
+# _start_pg_cluster DATA PORT EXTRA
+_start_pg_cluster() {
+  local data="$1" port="$2" extra="$3"
   command -v initdb >/dev/null || { echo "initdb not found on PATH: install PostgreSQL" >&2; return 1; }
   mkdir -p "$SERVICES_DIR"
   if [ "$(id -u)" = "0" ]; then chown postgres "$SERVICES_DIR"; chmod 755 "$SERVICES_DIR"; fi
-  if [ ! -f "$PG_DATA/PG_VERSION" ]; then
-    _as_pg_user "initdb -D '$PG_DATA' -U postgres --auth=trust -E UTF8 >'$SERVICES_DIR/initdb.log' 2>&1"
+  if [ ! -f "$data/PG_VERSION" ]; then
+    _as_pg_user "initdb -D '$data' -U postgres --auth=trust -E UTF8 >'$data.initdb.log' 2>&1"
   fi
-  PG_STARTED_HERE=0
-  if ! _as_pg_user "pg_ctl -D '$PG_DATA' status" >/dev/null 2>&1; then
-    PG_STARTED_HERE=1
+  PG_CLUSTER_STARTED=0
+  if ! _as_pg_user "pg_ctl -D '$data' status" >/dev/null 2>&1; then
+    PG_CLUSTER_STARTED=1
     # Throw-away data: skip the disk flushes, unless PG_DURABLE=1 asks for production settings.
-    local durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    local durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off $extra"
     [ "${PG_DURABLE:-0}" = "1" ] && durability=""
-    _as_pg_user "pg_ctl -D '$PG_DATA' -l '$SERVICES_DIR/postgres.log' -w -t 60 start \
-      -o \"-c listen_addresses=127.0.0.1 -c port=$PG_PORT -c unix_socket_directories='$PG_DATA' \
+    _as_pg_user "pg_ctl -D '$data' -l '$data.log' -w -t 60 start \
+      -o \"-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories='$data' \
           -c max_connections=300 $durability\"" >/dev/null
   fi
-  export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/idempotency"
-  echo "PostgreSQL ready on 127.0.0.1:$PG_PORT"
 }
 
 # Stops the server only if start_postgres started it (a developer's running one is left alone).
@@ -60,23 +73,26 @@ stop_postgres() {
   fi
 }
 
-# A streaming replica of the PostgreSQL on PG_PORT, for the tests of reads sent to a replica
-# (tests/test_replica.py): a base backup taken with pg_basebackup -R (which writes the
-# primary_conninfo and standby.signal), started as a hot standby. A primary made by initdb with
-# --auth=trust already allows loopback replication connections, and PostgreSQL's defaults
-# (wal_level=replica, max_wal_senders=10) serve it without a restart. A copy left by an earlier run
-# is taken again (it may have fallen behind past the WAL the primary kept). The tests make it lag
-# themselves (recovery_min_apply_delay, set with ALTER SYSTEM on the replica, then reset);
-# PG_REPLICA_APPLY_DELAY (e.g. 2s), written to its postgresql.conf, starts it lagging.
+# A PostgreSQL of its own and a streaming replica of it, for the tests of reads sent to a replica
+# (tests/test_replica.py): the primary on PG_REPLICA_PRIMARY_PORT, so that the replica replays
+# only those tests' writes, not every suite's (most of a minute of CPU a run); the replica a base
+# backup taken with pg_basebackup -R (which writes the primary_conninfo and standby.signal),
+# started as a hot standby. A primary made by initdb with --auth=trust already allows loopback
+# replication connections, and PostgreSQL's defaults (wal_level=replica, max_wal_senders=10) serve
+# it. A copy left by an earlier run is taken again (it may have fallen behind past the WAL the
+# primary kept). The tests make it lag themselves (recovery_min_apply_delay, set with ALTER SYSTEM
+# on the replica, then reset); PG_REPLICA_APPLY_DELAY (e.g. 2s), written to its postgresql.conf,
+# starts it lagging.
 start_pg_replica() {
   command -v pg_basebackup >/dev/null || { echo "pg_basebackup not found on PATH: install PostgreSQL" >&2; return 1; }
-  mkdir -p "$SERVICES_DIR"
-  if [ "$(id -u)" = "0" ]; then chown postgres "$SERVICES_DIR"; chmod 755 "$SERVICES_DIR"; fi
+  PG_REPLICA_PRIMARY_STARTED_HERE=0
+  _start_pg_cluster "$PG_REPLICA_PRIMARY_DATA" "$PG_REPLICA_PRIMARY_PORT" "" \
+    && PG_REPLICA_PRIMARY_STARTED_HERE="$PG_CLUSTER_STARTED" || return 1
   PG_REPLICA_STARTED_HERE=0
   if ! _as_pg_user "pg_ctl -D '$PG_REPLICA_DATA' status" >/dev/null 2>&1; then
     PG_REPLICA_STARTED_HERE=1
-    _as_pg_user "rm -rf '$PG_REPLICA_DATA' && pg_basebackup -h 127.0.0.1 -p $PG_PORT -U postgres \
-      -D '$PG_REPLICA_DATA' -R -X stream -c fast >'$SERVICES_DIR/pg_basebackup.log' 2>&1" \
+    _as_pg_user "rm -rf '$PG_REPLICA_DATA' && pg_basebackup -h 127.0.0.1 -p $PG_REPLICA_PRIMARY_PORT \
+      -U postgres -D '$PG_REPLICA_DATA' -R -X stream -c fast >'$SERVICES_DIR/pg_basebackup.log' 2>&1" \
       || { echo "pg_basebackup failed: see $SERVICES_DIR/pg_basebackup.log" >&2; return 1; }
     if [ -n "${PG_REPLICA_APPLY_DELAY:-}" ]; then
       _as_pg_user "echo \"recovery_min_apply_delay = '$PG_REPLICA_APPLY_DELAY'\" >>'$PG_REPLICA_DATA/postgresql.conf'"
@@ -88,14 +104,18 @@ start_pg_replica() {
           -c hot_standby=on -c fsync=off\"" >/dev/null \
       || { echo "The replica did not start: see $SERVICES_DIR/postgres-replica.log" >&2; return 1; }
   fi
+  export PG_REPLICA_PRIMARY_URL="postgres://postgres@127.0.0.1:$PG_REPLICA_PRIMARY_PORT"
   export PG_REPLICA_URL="postgres://postgres@127.0.0.1:$PG_REPLICA_PORT"
-  echo "PostgreSQL replica ready on 127.0.0.1:$PG_REPLICA_PORT"
+  echo "PostgreSQL replica ready on 127.0.0.1:$PG_REPLICA_PORT, of 127.0.0.1:$PG_REPLICA_PRIMARY_PORT"
 }
 
-# Stops the replica only if start_pg_replica started it.
+# Stops the replica and its primary, each only if start_pg_replica started it.
 stop_pg_replica() {
   if [ "${PG_REPLICA_STARTED_HERE:-0}" = "1" ]; then
     _as_pg_user "pg_ctl -D '$PG_REPLICA_DATA' -m fast -w stop" >/dev/null 2>&1 || true
+  fi
+  if [ "${PG_REPLICA_PRIMARY_STARTED_HERE:-0}" = "1" ]; then
+    _as_pg_user "pg_ctl -D '$PG_REPLICA_PRIMARY_DATA' -m fast -w stop" >/dev/null 2>&1 || true
   fi
 }
 
