@@ -68,8 +68,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     unlike_redis = "single_node_redis" if on_cluster else "redis_cluster_nodes"
 
     pooled = behind_pgbouncer()
+    only_database_tests = os.environ.get("ONLY_DATABASE_TESTS") == "1"
 
     def elsewhere(item: pytest.Item) -> bool:
+        if only_database_tests and not about_the_database(item):
+            return True
         if without_replica and item.get_closest_marker("replica"):
             return True
         if item.get_closest_marker(unlike_redis):
@@ -85,6 +88,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         items[:] = [item for item in items if not elsewhere(item)]
         config.hook.pytest_deselected(items=deselected)
+
+
+# The fixtures that give a test the database (pytest-django's); the session's own set-up aside.
+DATABASE_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "live_server",
+    }
+)
+
+
+def about_the_database(item: pytest.Item) -> bool:
+    """Whether the test's outcome can depend on the database under test: it uses the database,
+    needs a given one, or is marked `database` (it reads the database's vendor or settings, or
+    hands DATABASE_URL to a process of its own). tox's PostgreSQL and MariaDB runs, which have
+    the SQLite run's Python, Django and settings, run only these (ONLY_DATABASE_TESTS=1): the
+    others would repeat that run's work exactly."""
+    if any(item.get_closest_marker(name) for name in ("django_db", "database", *DATABASE_MARKERS)):
+        return True
+    return not DATABASE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
 
 
 def pytest_report_header(config: pytest.Config) -> str:

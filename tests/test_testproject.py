@@ -106,6 +106,7 @@ def demo_database_url(tmp_path: Path, django_db_blocker: Any) -> Iterator[str | 
             cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
 
 
+@pytest.mark.database  # The demo on a database of its own on the server under test.
 def test_the_demo_refunds_answer_an_amount_out_of_range_with_400_and_keep_lone_surrogates(
     tmp_path: Path, demo_database_url: str | None
 ) -> None:
