@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.reliability.client import Answer, post
+from tests.reliability.client import Answer, paced, post
 from tests.reliability.harness import (
     SERVICES_SH,
     Database,
@@ -193,8 +193,8 @@ def _serving(
 def _load(
     server: Server, prefix: str, during: Callable[[], None], replays: Sequence[str]
 ) -> list[Sent]:
-    """CLIENTS threads send fresh keys, and every other request a replay of one of `replays`
-    if any, until `during` returns."""
+    """CLIENTS threads send fresh keys, paced, and every other request a replay of one of
+    `replays` if any, until `during` returns."""
     counter = itertools.count()
     cycle = itertools.cycle(replays or [""])
     lock = threading.Lock()
@@ -202,7 +202,9 @@ def _load(
     finished = threading.Event()
 
     def client() -> None:
+        pace = paced()
         while not finished.is_set():
+            pace()
             with lock:
                 number = next(counter)
                 key = next(cycle) if replays and number % 2 else f"{prefix}{number:05}"

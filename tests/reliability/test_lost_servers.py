@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 import pytest
 import redis
 
-from tests.reliability.client import Answer, post
+from tests.reliability.client import Answer, paced, post
 from tests.reliability.harness import (
     Database,
     Figure,
@@ -72,8 +72,8 @@ def _load(
     seconds: float | None,
     during: Callable[[], None],
 ) -> list[Sent]:
-    """CLIENTS threads send fresh keys and replays for `seconds` (None: until `during` returns);
-    `during` runs meanwhile."""
+    """CLIENTS threads send fresh keys and replays, paced, for `seconds` (None: until `during`
+    returns); `during` runs meanwhile."""
     counter = itertools.count()
     replays = itertools.cycle(sorted(seeded))
     lock = threading.Lock()
@@ -82,7 +82,9 @@ def _load(
     finished = threading.Event()
 
     def client() -> None:
+        pace = paced()
         while time.monotonic() < deadline and not (seconds is None and finished.is_set()):
+            pace()
             with lock:
                 number = next(counter)
                 replay = number % 2 == 0 and bool(seeded)
