@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,9 +44,10 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if scope != "database":
         raise pytest.UsageError(f"COVERAGE_SCOPE={scope!r}: the one scope is 'database'.")
-    import coverage
-
-    measuring = coverage.Coverage.current()
+    # `coverage run` has imported coverage when it measures; a run without it (the quick loop's
+    # PostgreSQL env, which has the scope but not coverage) has nothing to scope.
+    coverage = sys.modules.get("coverage")
+    measuring = coverage.Coverage.current() if coverage is not None else None
     if measuring is not None:
         config.pluginmanager.register(MeasuredFiles(measuring, DATABASE_TESTS), "coverage-scope")
 
