@@ -505,7 +505,8 @@ def test_every_payout_task_is_executed_once_at_the_bank(
         app.send_task(TASK, kwargs={"reference": reference, "amount": 100 + number})
         sent_at[reference] = time.monotonic()
 
-    def completed() -> bool:
+    def completed_or_resent() -> bool:
+        """Whether every payout completed; those overdue are sent again meanwhile."""
         rows = db.rows(
             'SELECT "key" FROM django_idempotency_record '
             "WHERE namespace = %s AND status = 'completed'",
@@ -535,7 +536,7 @@ def test_every_payout_task_is_executed_once_at_the_bank(
                 for number, reference in enumerate(references):
                     send(number, reference)
                 with Killer(workers.ready_pids, seed) as killer:
-                    wait_until(completed, GIVE_UP, "every payout task to complete")
+                    wait_until(completed_or_resent, GIVE_UP, "every payout task to complete")
         except BaseException:
             print(f"the Celery workers' log kept at {keep_artefact(log)}")
             raise
