@@ -39,7 +39,8 @@ class Seen:
 class Downstream:
     """What each path was sent, and the answers each scripted path gives next."""
 
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    # A condition, not a bare lock: a test can wait for requests its client gave up on to arrive.
+    lock: threading.Condition = field(default_factory=threading.Condition)
     seen: dict[str, list[Seen]] = field(default_factory=lambda: defaultdict(list))
     scripts: dict[str, list[tuple[int, dict[str, str]]]] = field(default_factory=dict)
     # The slow view answers once the test sets it (or after a minute, lest a test hang).
@@ -62,10 +63,20 @@ class Downstream:
         )
         with self.lock:
             self.seen[name].append(seen)
+            self.lock.notify_all()
             return len(self.seen[name])
 
     def keys(self, name: str) -> list[str | None]:
         return [seen.key for seen in self.seen[name]]
+
+    def arrived(self, name: str, count: int, within: float = 30) -> list[str | None]:
+        """The keys of `name`'s requests once `count` have arrived (or `within` seconds passed).
+
+        A client that timed out has sent its request, but the server's thread may note it later
+        than the client gives up: on a busy machine it first opens its database connection."""
+        with self.lock:
+            self.lock.wait_for(lambda: len(self.seen[name]) >= count, timeout=within)
+        return self.keys(name)
 
     def reset(self) -> None:
         with self.lock:
