@@ -137,6 +137,7 @@ def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # A LOGGING sample, applied as a setting, reconfigures logging on Django 6: put it back.
     loggers = _logging_state()
     connected = {signal: list(signal.receivers) for signal in _package_signals()}
+    finalizers = _celery_finalizers()
     package = types.ModuleType("myproject")
     package.__path__ = []
     monkeypatch.setitem(sys.modules, "myproject", package)
@@ -158,6 +159,7 @@ def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for signal, receivers in connected.items():
         signal.receivers = receivers
         signal.sender_receivers_cache.clear()
+    _forget_celery_tasks(finalizers)
 
 
 LoggerState = tuple[logging.Logger, int, bool, bool, list[logging.Handler]]
@@ -176,6 +178,28 @@ def _restore_logging(state: list[LoggerState]) -> None:
     for logger, level, propagate, disabled, handlers in state:
         logger.setLevel(level)
         logger.propagate, logger.disabled, logger.handlers = propagate, disabled, handlers
+
+
+def _celery_finalizers() -> set[Any] | None:
+    """The shared tasks declared before the test (None where Celery is not installed)."""
+    try:
+        from celery import _state
+    except ImportError:
+        return None
+    return set(_state._on_app_finalizers)
+
+
+def _forget_celery_tasks(finalizers: set[Any] | None) -> None:
+    """Forget the tasks the samples declared. Celery keeps the first callable declared under a
+    name: the next test's run of the page would call this test's task, with its module's names."""
+    if finalizers is None:
+        return
+    from celery import _state
+
+    _state._on_app_finalizers.intersection_update(finalizers)
+    for app in _state._get_active_apps():
+        for name in [name for name in app.tasks if name.startswith(("myproject.", SCRATCH))]:
+            app.tasks.unregister(name)
 
 
 def _package_signals() -> list[Signal]:
