@@ -15,6 +15,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import DatabaseError, connection, connections
+from django.db.backends.signals import connection_created
 from django.http import HttpRequest
 from django.test import Client, override_settings
 from django.test.client import encode_multipart
@@ -475,15 +476,26 @@ def test_a_cancelled_async_view_runs_to_its_end_and_the_retry_replays() -> None:
         deadline = time.monotonic() + 30
         while guard._detached and time.monotonic() < deadline:  # Its task ends just after.
             await asyncio.sleep(0.01)
-        # The view's queries ran on asgiref's shared sync thread: close its connection, which
-        # would otherwise outlive the test and hold the test database open.
+        # This test's own waits ran on asgiref's shared sync thread: close their connection.
         await sync_to_async(connections.close_all)()
         return sent, None
 
-    sent, _ = asyncio.run(scenario())
+    opened: list[Any] = []
+
+    def note(sender: Any, connection: Any, **kwargs: Any) -> None:
+        opened.append(connection)
+
+    connection_created.connect(note)
+    try:
+        sent, _ = asyncio.run(scenario())
+    finally:
+        connection_created.disconnect(note)
 
     assert not any(m["type"] == "http.response.start" for m in sent)  # Nobody was answered.
     assert not guard._detached  # Held while it ran, and let go once it ended.
+    # Django closed the request's connections when it learnt the client had left; the view
+    # went on past that on a thread of its own, and closed the connection it used there too.
+    assert opened and [c for c in opened if c.connection is not None] == []
     assert Charge.objects.count() == 1
     again = post(Client(), "/async/charges/", {"amount": 10, "async_sleep": 0.5}, key="gone-1")
     assert again["Idempotent-Replayed"] == "true"

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, ProgrammingError
+from django.db import DatabaseError, ProgrammingError, close_old_connections
 from django.http import HttpRequest
 from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
@@ -379,8 +379,9 @@ async def _run_async(
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            _detached.add(task)  # Keep a reference until it ends, or it may be collected mid-run.
-            task.add_done_callback(_detached.discard)
+            outliving = asyncio.ensure_future(_outlive_the_request(task))
+            _detached.add(outliving)  # A reference until it ends, or it may be collected mid-run.
+            outliving.add_done_callback(_detached.discard)
             raise
 
 
@@ -406,6 +407,18 @@ async def _wait(guard: Guard, early: HttpResponseBase | None) -> tuple[Guard, An
 
 # Guarded views whose caller was cancelled (the client left), still running to completion.
 _detached: set[asyncio.Future[HttpResponseBase]] = set()
+
+
+async def _outlive_the_request(task: asyncio.Future[HttpResponseBase]) -> HttpResponseBase:
+    """Let a guarded view run on past its cancelled request, then close what it left open.
+
+    Django closed the request's connections on learning that the client left (request_finished);
+    the view's later queries ran on a thread asgiref started after that, which nothing else
+    closes. This ends the view as Django ends a request, in that thread."""
+    try:
+        return await task
+    finally:
+        await sync_to_async(close_old_connections)()
 
 
 async def _run_guarded(
