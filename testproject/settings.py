@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import django
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -136,7 +137,12 @@ BANK_API_URL = os.environ.get("BANK_API_URL", "")
 DEMO_CRASH_POINTS = os.environ.get("DEMO_CRASH_POINTS", "")
 DEMO_CRASH_SEED = os.environ.get("DEMO_CRASH_SEED", "0")
 DEMO_CRASH_DIR = os.environ.get("DEMO_CRASH_DIR", "")
-EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+# The receipts are printed. Django 6.1 configures email with MAILERS and deprecates EMAIL_BACKEND.
+CONSOLE_MAIL = "django.core.mail.backends.console.EmailBackend"
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": {"BACKEND": CONSOLE_MAIL}}
+else:
+    EMAIL_BACKEND = CONSOLE_MAIL
 
 # Celery, when installed (`celery -A testproject worker --beat`): Redis as broker and result store.
 CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:63799/0")
