@@ -8,17 +8,26 @@ import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from asgiref.sync import sync_to_async
 from django.dispatch import Signal
 from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.conf import OnConflict, conf
 from django_idempotency.core.keys import key_hash
-from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
+from django_idempotency.core.outcomes import (
+    Claim,
+    Outcome,
+    Scope,
+    StoredResponse,
+    is_not_stored,
+    not_stored,
+)
 from django_idempotency.encryption import seal, seal_step, unseal, unseal_step
 from django_idempotency.exceptions import LeaseLost
 from django_idempotency.leases import Hold, heartbeat
@@ -28,8 +37,10 @@ from django_idempotency.stores import (
     ResponseTooLarge,
     StoreBusy,
     StoreUnavailable,
+    UnstorableResponse,
     get_store,
 )
+from django_idempotency.stores.clocks import later
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -37,6 +48,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_idempotency")
 
 FIRST_DELAY = 0.01  # Seconds a waiting duplicate waits before its second try.
+# A step or outbound call that finds less than this part of its lease left renews it first:
+# the heartbeat renews it a third of the way through, so this little left means that the
+# heartbeat could not (the process stalled, or its thread was starved or blocked).
+RENEW_BELOW = 0.5
+# Seconds that renewal waits for one of the heartbeat's under way to end.
+HEARTBEAT_WAIT = 1.0
+
+_TAKEN_OVER = (
+    "This attempt's idempotency lease was taken over by another caller (its lease ran out while"
+    " this process stalled, or could not renew it): stop here, before the next side effect; the"
+    " new owner runs the work."
+)
 
 _SIGNALS: dict[Outcome, Signal] = {
     Outcome.FRESH: signals.claimed,
@@ -101,8 +124,16 @@ class Attempt:
         self._outer: Attempt | None = None  # The attempt current before this one claimed.
         self._hold: Hold | None = None  # Its lease's renewals, while the claim is held.
         self.lost = False  # A renewal found the claim taken over: its result is not stored.
+        self._lease: timedelta | None = None  # The claim's lease; None in atomic mode.
         # The steps this operation completed (name: stored result), its earlier attempts' too.
         self.steps: dict[str, bytes] = {}
+        # The identity of the operation this attempt runs (`Claim.operation_id`), kept once the
+        # claim ends: an outbound key may be derived from it late.
+        self.operation_id: str | None = None
+        # Outbound keys were derived from that identity (`outbound.key_for`): a call may have
+        # carried one downstream, so a failing attempt keeps its record, as once steps are
+        # stored, for the same request's retry to send the same keys.
+        self.identity_shared = False
 
     def __enter__(self) -> Attempt:
         return self
@@ -139,7 +170,7 @@ class Attempt:
                 fingerprint=fingerprint,
                 method=method,
                 path=path,
-                now=timezone.now(),
+                now=self.store.now(),
                 ttl=ttl,
                 lease=None if self.atomic else lease or conf.LEASE,
             )
@@ -160,7 +191,9 @@ class Attempt:
             claim = replace(claim, response=unseal(claim.response, conf.ENCRYPTION_KEYS))
         if claim.outcome is Outcome.FRESH:
             self.claim = claim
+            self._lease = request.lease
             self.steps = dict(claim.steps)
+            self.operation_id = claim.operation_id
             self._outer = _current.get()
             _current.set(self)
             self._keep_alive(request.lease)
@@ -211,7 +244,7 @@ class Attempt:
             self._transaction.close()
             time.sleep(min(delay, remaining))
             delay = next_delay(delay)
-            request = replace(request, now=timezone.now())
+            request = replace(request, now=store.now())
 
     def complete(
         self,
@@ -220,8 +253,11 @@ class Attempt:
     ) -> bool:
         """Store the result for every retry; False if the lease was lost to another caller, or
         (atomic mode) the transaction was marked for rollback. `smaller`: what to store instead
-        of a result the store refuses for its size (`ResponseTooLarge` otherwise, and the key
-        given back in lease mode).
+        of a result the store refuses for its size.
+
+        The work has run by now, so the key is never given back: a result the store refuses
+        (for its size, or a value it cannot hold) is kept as smaller, else as a record that says
+        it could not be stored (`not_stored`), which retries are answered with.
 
         Raises `StoreUnavailable`: at once in atomic mode (the caller's writes are then lost with
         it); in lease mode only once the lease has ended without the store coming back.
@@ -236,23 +272,21 @@ class Attempt:
                 " was not stored. The work stopped at its next step or outbound call, if any."
             )
             return False
+        plain = result
         # Sealed once, here, so that every store and the cache tier keep the same ciphertext.
-        result = seal(result, conf.ENCRYPTION_KEYS)
+        result = seal(plain, conf.ENCRYPTION_KEYS)
         # Our own transaction ends with the completion: the store may commit with it.
         complete = self.store.complete_last if self.owns_transaction else self.store.complete
         delay = 0.05
         while True:
             try:
-                kept = complete(claim, result, timezone.now())
+                kept = complete(claim, result, self._now_for_completion())
                 break
-            except ResponseTooLarge as exc:
-                if smaller is None:
-                    self._give_back(claim)
-                    raise
-                # The work ran: keep its outcome without the body rather than let a retry run
-                # it again (the claim is intact; in atomic mode so is the transaction).
-                logger.warning("%s Stored without its body.", exc)
-                result, smaller = smaller(result), None
+            except UnstorableResponse as exc:
+                # Refused before anything was written: the claim is intact, and in atomic mode
+                # so is the transaction. Keep the outcome in a form the store takes.
+                plain, smaller = self._storable(plain, smaller, exc), None
+                result = seal(plain, conf.ENCRYPTION_KEYS)
             except StoreUnavailable as exc:
                 if self.owns_transaction:
                     self.store.discard()
@@ -261,7 +295,7 @@ class Attempt:
                 # nobody else can take the key over. Keep trying to store the result meanwhile,
                 # so that an outage shorter than the lease does not cost a second run.
                 expires = claim.lease_expires_at  # None in atomic mode: no point retrying.
-                left = (expires - timezone.now()).total_seconds() if expires else 0.0
+                left = (expires - self._now_for_completion()).total_seconds() if expires else 0.0
                 if left <= delay:
                     raise
                 if delay == 0.05:
@@ -273,11 +307,14 @@ class Attempt:
                     )
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
-            except Exception:
-                # Not a lost store (a value the store refused, say): nothing will change by
-                # the end of the lease, so give the key back rather than leave it stuck.
-                self._give_back(claim)
-                raise
+            except Exception as exc:
+                # A value the store refused that it could not foresee. Inside a transaction the
+                # error dooms it, the claim with the work's writes: nothing happened, and the
+                # error goes on. Otherwise the claim is intact: keep that the work ran.
+                if self.atomic or self.store.claims_privately() or is_not_stored(plain):
+                    raise
+                plain, smaller = self._storable(plain, None, exc), None
+                result = seal(plain, conf.ENCRYPTION_KEYS)
         if kept:
             self._announce(signals.completed)
         elif self.atomic:
@@ -293,25 +330,116 @@ class Attempt:
             )
         return kept
 
+    @staticmethod
+    def _storable(
+        plain: StoredResponse,
+        smaller: Callable[[StoredResponse], StoredResponse] | None,
+        refusal: Exception,
+    ) -> StoredResponse:
+        """What to store instead of a result the store refused: `smaller` for one refused for
+        its size, once; else a record that it could not be stored. Never the key given back:
+        a retry would run the work again."""
+        if isinstance(refusal, ResponseTooLarge) and smaller is not None:
+            logger.warning("%s Stored without its body.", refusal)
+            return smaller(plain)
+        if is_not_stored(plain):
+            raise refusal  # Even the record of it was refused: the lease will end the claim.
+        logger.warning(
+            "The result could not be stored (%s); a record that it ran was kept instead, which "
+            "retries are answered with.",
+            refusal,
+        )
+        return not_stored(plain, str(refusal))
+
+    def _now_for_completion(self) -> datetime:
+        """The store's time; the process's when the store's clock was never read and cannot
+        be now (the store is gone): the completion is fenced by the claim's token, so a time
+        off by the clocks' difference only moves when it gives up retrying."""
+        try:
+            return self.store.now()
+        except StoreUnavailable:
+            return timezone.now()
+
     def ensure_lease(self) -> None:
         """Raise `LeaseLost` if this attempt no longer holds its claim: call it before a side
-        effect (an outbound call, a step), so that work whose key was taken over stops there."""
-        if self.claim is None:
+        effect (an outbound call, a step), so that work whose key was taken over stops there.
+
+        The heartbeat's `lost` flag is not enough: a process paused whole (SIGSTOP, a GC or VM
+        pause) past its lease wakes up with the flag still clear, its heartbeat paused too. So
+        the lease's end is compared with the store's clock, and a lease near or past its end is
+        renewed here, fenced by the claim's token: refused, the key was taken over meanwhile.
+        """
+        claim = self.claim
+        if claim is None:
             raise LeaseLost("This attempt no longer holds its idempotency claim.")
         if self.lost:
-            raise LeaseLost(
-                "This attempt's idempotency lease was taken over by another caller (its lease ran"
-                " out while this process stalled): stop here; the new owner runs the work."
-            )
+            raise LeaseLost(_TAKEN_OVER)
+        lease, ends = self._lease, claim.lease_expires_at
+        if lease is None or ends is None:
+            return  # Atomic mode: the claim commits with the work, and nobody can take it over.
+        if ends - self.store.now() > lease * RENEW_BELOW:
+            return
+        self._renew_before_effect(claim, lease)
+
+    async def aensure_lease(self) -> None:
+        """`ensure_lease` for async code: the store calls it may make run in a thread."""
+        await sync_to_async(self.ensure_lease)()
+
+    def _renew_before_effect(self, claim: Claim, lease: timedelta) -> None:
+        """Renew a lease the heartbeat left near its end, or stop the work (`LeaseLost`)."""
+        hold = self._hold
+        # A renewal of the heartbeat's may be under way, its end computed before a stall: it
+        # must not land after this one and bring the lease's end back. Wait for it, a while
+        # (a heartbeat stuck in the store must not stop the work).
+        locked = hold is not None and hold.renewing.acquire(timeout=HEARTBEAT_WAIT)
+        try:
+            if self.lost:
+                raise LeaseLost(_TAKEN_OVER)
+            ends, now = claim.lease_expires_at, self.store.now()
+            if ends is not None and ends - now > lease * RENEW_BELOW:
+                return  # The heartbeat renewed it meanwhile.
+            try:
+                renewed = self.store.renew(claim, later(now, lease))
+            except (StoreUnavailable, NotImplementedError) as exc:
+                if ends is not None and ends > self.store.now():
+                    return  # Still this attempt's until its end; the heartbeat tries again.
+                raise LeaseLost(
+                    "This attempt's idempotency lease ran out and could not be renewed"
+                    f" ({exc or type(exc).__name__}): stop here, before the next side effect."
+                    " The key may have been taken over; a retry runs the work from its last"
+                    " stored step."
+                ) from exc
+        finally:
+            if locked:
+                assert hold is not None
+                hold.renewing.release()
+        if not renewed:
+            self.lose()
+            raise LeaseLost(_TAKEN_OVER)
 
     def save_step(self, name: str, result: bytes) -> None:
         """Store a completed step's result (sealed as responses are) for a retry to skip it:
-        one fenced write. Raises `LeaseLost` if the claim is no longer this attempt's."""
+        one fenced write. Raises `LeaseLost` if the claim is no longer this attempt's.
+
+        Inside a transaction of the caller's, that write keeps the record locked until the
+        transaction ends, and the heartbeat, which never waits for such a lock, cannot renew
+        the lease meanwhile. So the write also moves the lease's end on, and the lease the
+        transaction commits is current; once it commits, the lease is renewed at once.
+        """
         self.ensure_lease()
         claim = self.claim
         assert claim is not None
         steps = {**self.steps, name: seal_step(result, conf.ENCRYPTION_KEYS)}
-        if not self.store.save_steps(claim, steps):
+        hold = self._hold
+        # A renewed claim made outside any transaction, saved inside one of the caller's now
+        # (what `claims_privately` tells: a transaction is open on the store's connection).
+        if hold is not None and self.store.claims_privately():
+            saved = self.store.save_steps(claim, steps, later(self.store.now(), hold.lease))
+            if saved:
+                self.store.after_commit(partial(heartbeat().renew_now, hold))
+        else:
+            saved = self.store.save_steps(claim, steps)
+        if not saved:
             self.lose()
             raise LeaseLost(
                 f"The result of step {name!r} was not stored: the idempotency claim was taken"
@@ -335,18 +463,13 @@ class Attempt:
         return claim
 
     def _let_go(self, claim: Claim) -> bool:
-        """Give the key back. Once steps are stored, the record stays with its lease ended
-        instead, so that the client's retry takes it over and resumes after those steps."""
-        if self.steps:
-            return self.store.renew(claim, timezone.now())
+        """Give the key back. Once steps are stored, or outbound keys derived, the record stays
+        with its lease ended instead, so that the client's retry takes it over and resumes the
+        same operation: after those steps, with the same keys."""
+        if self.steps or self.identity_shared:
+            with contextlib.suppress(NotImplementedError):  # A store without leases to end.
+                return self.store.renew(claim, self.store.now())
         return self.store.release(claim)
-
-    def _give_back(self, claim: Claim) -> None:
-        """Lease mode, a result the store refused: release the key (atomic mode's error rolls
-        the claim back with the transaction)."""
-        if not self.atomic:
-            _quietly(self._let_go, claim)
-            self._announce(signals.released)
 
     def release(self, *, rollback: bool = True) -> None:
         """Give the key back; with ``rollback``, our own transaction's writes go with it."""
@@ -356,7 +479,10 @@ class Attempt:
         if rollback and self.owns_transaction:
             self.store.discard()
         else:
-            self.store_lost = isinstance(_quietly(self._let_go, claim), StoreUnavailable)
+            let_go, failure = _quietly(self._let_go, claim)
+            self.store_lost = isinstance(failure, StoreUnavailable)
+            if not let_go:
+                return  # Taken over, or the store is lost: nothing was released here.
         self._announce(signals.released)
 
     def abort(self) -> None:
@@ -402,11 +528,18 @@ def next_delay(delay: float) -> float:
     return min(delay * 2, 0.25)
 
 
-def _quietly(action: Callable[[Claim], bool], claim: Claim) -> Exception | None:
-    """Release on a failure path: never mask the error that got us here; return the failure."""
+def _quietly(action: Callable[[Claim], bool], claim: Claim) -> tuple[bool, Exception | None]:
+    """Release on a failure path: never mask the error that got us here. Whether the claim
+    was let go, and the failure if the store raised."""
     try:
-        action(claim)
+        let_go = action(claim)
     except Exception as exc:  # An aborted transaction or a lost store: the lease will expire.
         logger.error("Could not release an idempotency claim: %s", exc)
-        return exc
-    return None
+        return False, exc
+    if not let_go:
+        # Fenced by the claim's token: another caller holds the key now (the lease ran out and
+        # it was taken over), and its record was left as it is.
+        logger.warning(
+            "An idempotency claim was not released: the key was taken over by another caller."
+        )
+    return let_go, None

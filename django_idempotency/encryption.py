@@ -32,6 +32,11 @@ class UnreadableResponse(IdempotencyError):
         self.status = status  # The stored response's, kept in clear.
 
 
+class UnreadableStep(UnreadableResponse):
+    """A stored step result encrypted with a key no longer (or not yet) in
+    IDEMPOTENCY_ENCRYPTION_KEYS: the operation stops there, its step not run again."""
+
+
 def fernet_for(keys: Sequence[str | bytes], setting: str) -> MultiFernet:
     """A MultiFernet over `keys`, newest first: it encrypts with the first, decrypts with any."""
     try:
@@ -120,7 +125,7 @@ def unseal_step(stored: bytes, fernet: MultiFernet | None) -> bytes:
     if stored[:1] != _SEALED_STEP:
         return stored[1:]
     if fernet is None:
-        raise UnreadableResponse(
+        raise UnreadableStep(
             "A stored step result is encrypted, and IDEMPOTENCY_ENCRYPTION_KEYS is not set: put "
             "the key it was encrypted with back in the list.",
             200,
@@ -130,9 +135,10 @@ def unseal_step(stored: bytes, fernet: MultiFernet | None) -> bytes:
     try:
         return fernet.decrypt(stored[1:])
     except InvalidToken:
-        raise UnreadableResponse(
+        raise UnreadableStep(
             "A stored step result was encrypted with a key no longer in "
             "IDEMPOTENCY_ENCRYPTION_KEYS: keep a retired key in the list (after the new one) "
-            "until the records it encrypted have expired.",
+            "until the records it encrypted have expired, and give every server a new key "
+            "before any server encrypts with it.",
             200,
         ) from None

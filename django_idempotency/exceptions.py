@@ -33,6 +33,11 @@ class KeyMismatch(IdempotencyError):
     """The key was already used with a different payload: use a new key for new work."""
 
 
+class ResultNotStored(IdempotencyError):
+    """The call already ran with this key, but the store refused its result: it is not run
+    again, and its result cannot be returned; read its effects instead."""
+
+
 class DeliveryRejected(IdempotencyError):
     """A webhook delivery failed verification (forged, stale or malformed); nothing was stored."""
 

@@ -23,8 +23,8 @@ from django_idempotency.core.keys import (
     MAX_OWNER_LENGTH,
     InvalidKey,
 )
-from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
-from django_idempotency.exceptions import KeyInProgress, KeyMismatch
+from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse, is_not_stored
+from django_idempotency.exceptions import KeyInProgress, KeyMismatch, ResultNotStored
 from django_idempotency.options import Mode, OnConflict, check_options, to_timedelta
 from django_idempotency.results import ResultSerializer, serializer_for
 
@@ -158,6 +158,12 @@ def _answer(call: Call, claim: Claim, serializer: ResultSerializer) -> Any:
     """The stored result of a replay; the error of a mismatch or of a call still running."""
     if claim.outcome is Outcome.REPLAY:
         assert claim.response is not None
+        if is_not_stored(claim.response):
+            raise ResultNotStored(
+                f"{call.label} already ran with the key {call.scope.key!r}, but its result could "
+                "not be stored, so it cannot be returned again. It was not run again: read its "
+                "effects instead."
+            )
         return serializer.loads(claim.response.body)
     if claim.outcome is Outcome.MISMATCH:
         raise KeyMismatch(

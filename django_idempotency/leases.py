@@ -6,18 +6,18 @@ import heapq
 import itertools
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
 from django.db import connections
-from django.utils import timezone
 
+from django_idempotency import threads
 from django_idempotency.core.outcomes import Claim
 from django_idempotency.exceptions import StoreUnavailable
-from django_idempotency.stores import BaseStore
+from django_idempotency.stores import BaseStore, RecordLocked
+from django_idempotency.stores.clocks import later
 
 logger = logging.getLogger("django_idempotency")
 
@@ -51,7 +51,9 @@ class Hold:
     order: int = field(default=0, repr=False)  # Ties in `due` keep their order in the heap.
     # Held while a renewal is under way: ending the hold waits for it, so that no renewal
     # lands after the claim's last write (a lease ended on failure would be extended again).
-    renewing: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Native: the heartbeat's thread is native even where `threading` runs greenlets.
+    renewing: threads.Lock = field(default_factory=threads.Lock, repr=False)
+    schedule: Heartbeat | None = field(default=None, repr=False)  # The heartbeat serving it.
 
     @property
     def interval(self) -> float:
@@ -66,47 +68,92 @@ class Heartbeat:
     its own database connections, which it closes after each round so that none stays open
     while it sleeps. It never touches an event loop: async work's leases are renewed the same
     way as sync work's.
+
+    The thread is a native OS thread, and its locks native ones, also under gevent: there
+    `threading.Thread` would make a greenlet of it, which work computing without yielding
+    (longer than its lease) would starve, and another worker would take its key over. Only the
+    leases of a store whose connections belong to the greenlets there (the Redis store) are
+    renewed by a second heartbeat, a greenlet (`native=False`), with a warning.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, native: bool = True) -> None:
+        self._native = native
         self._reset()
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._wake = threading.Condition()
+        self._schedule = threads.Lock()  # Guards what follows (a hold's flags: its `renewing`).
+        self._wakeup = threads.Wakeup(native=self._native)
+        self._greenlets: Heartbeat | None = None  # Under gevent, for the Redis store's leases.
         self._due: list[tuple[float, int, Hold]] = []
         self._ended = 0  # Ended holds still in the schedule (it drops them as they come due).
         self._counter = itertools.count()
-        self._thread: threading.Thread | None = None
+        self._serving = False  # The thread is started (and has not died).
         self._unrenewable: set[type[BaseStore]] = set()
+        self._warned: set[object] = set()  # What this process was warned about, once.
 
     def hold(self, holder: Holder, lease: timedelta) -> Hold:
         """Renew `holder`'s lease every third of `lease` until `end` is called."""
         if os.getpid() != self._pid:
             self._reset()  # A forked child: the parent's thread and schedule are not its own.
-        hold = Hold(holder, lease)
+        if not self._serves(holder.store):
+            if self._greenlets is None:
+                self._greenlets = Heartbeat(native=False)
+            return self._greenlets.hold(holder, lease)
+        hold = Hold(holder, lease, schedule=self)
         hold.due = time.monotonic() + hold.interval
-        with self._wake:
+        with self._schedule:
             self._push(hold)
             if self._due[0][2] is hold:
-                self._wake.notify()  # Sooner than the thread was to wake (or it waits for none).
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._serve, name="django-idempotency-heartbeat", daemon=True
-                )
-                self._thread.start()
+                self._wakeup.set()  # Sooner than the thread was to wake (or it waits for none).
+            starting, self._serving = not self._serving, True
+        if starting:
+            threads.start_thread(self._serve, "django-idempotency-heartbeat", native=self._native)
         return hold
+
+    def _serves(self, store: BaseStore) -> bool:
+        """Whether this heartbeat renews `store`'s leases. Under gevent the native one does not
+        renew those of a store whose connections belong to the greenlets' thread (redis-py's
+        pool): it must not use them, and leaves them to a greenlet, which work that does not
+        yield starves."""
+        library = threads.green()
+        if library == "eventlet":
+            self._warn_once(
+                "eventlet",
+                "Under eventlet, idempotency leases are renewed by a green thread, which work"
+                " that computes without yielding starves: such work longer than its lease may"
+                " run twice. Keep the lease above its longest run, or serve with gevent or"
+                " threads.",
+            )
+        if not self._native or library != "gevent" or not store.greenlet_bound_connections:
+            return True
+        self._warn_once(
+            type(store),
+            f"Under gevent, the leases of {type(store).__qualname__} are renewed by a greenlet:"
+            " its connections belong to the greenlets, which the heartbeat's native thread must"
+            " not use. Work that computes without yielding longer than its lease may run twice:"
+            " keep the lease above its longest run, or use the database store.",
+        )
+        return False
+
+    def _warn_once(self, about: object, message: str) -> None:
+        if about not in self._warned:
+            self._warned.add(about)
+            logger.warning(message)
 
     def end(self, hold: Hold) -> None:
         """Renew no more; holds that ended at the head of the schedule are dropped at once, so
         that the thread does not wake for them."""
+        if hold.schedule is not None and hold.schedule is not self:
+            hold.schedule.end(hold)  # A Redis store's, under gevent: the greenlets' heartbeat.
+            return
         with hold.renewing:
+            if hold.ended:
+                return
             hold.ended = True
-        with self._wake:
+        with self._schedule:
             self._ended += 1
-            while self._due and self._due[0][2].ended:
-                heapq.heappop(self._due)
-                self._ended -= 1
+            self._drop_ended_heads()
             if self._ended > COMPACT_AFTER and 2 * self._ended > len(self._due):
                 # Ended holds behind a long one: rebuilt without them, so that the schedule
                 # stays as large as the work running, not as the requests of the last lease.
@@ -116,43 +163,64 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Renew every live hold now, in the calling thread: what tests drive a round with."""
-        with self._wake:
+        with self._schedule:
             holds = [hold for _, _, hold in self._due if not hold.ended]
         for hold in holds:
             self._renew(hold)
+        if self._greenlets is not None:
+            self._greenlets.beat()
+
+    def renew_now(self, hold: Hold) -> None:
+        """Renew one hold now, in the calling thread: once the caller's transaction that kept
+        its record locked (a step saved inside it) commits, rather than at the next beat."""
+        self._renew(hold)
 
     def _push(self, hold: Hold) -> None:
         hold.order = next(self._counter)
         heapq.heappush(self._due, (hold.due, hold.order, hold))
 
+    def _drop_ended_heads(self) -> None:
+        while self._due and self._due[0][2].ended:
+            heapq.heappop(self._due)
+            self._ended -= 1
+
     def _serve(self) -> None:
-        while True:
-            with self._wake:
-                now = time.monotonic()
-                while self._due and self._due[0][2].ended:
-                    heapq.heappop(self._due)
+        try:
+            while True:
+                due, sleep = self._next()
+                if due:
+                    self._round(due)
+                else:
+                    self._wakeup.wait(sleep)
+        finally:
+            with self._schedule:  # Started again by the next hold.
+                self._serving = False
+
+    def _next(self) -> tuple[list[Hold], float | None]:
+        """The holds due now (or within a NAP), taken off the schedule; if none, how long to
+        sleep (None: until a hold wakes the thread)."""
+        with self._schedule:
+            now = time.monotonic()
+            self._drop_ended_heads()
+            if not self._due:
+                return [], None
+            if self._due[0][0] > now:
+                return [], max(self._due[0][0] - now, NAP)
+            due = []
+            while self._due and self._due[0][0] <= now + NAP:
+                hold = heapq.heappop(self._due)[2]
+                if hold.ended:
                     self._ended -= 1
-                if not self._due:
-                    self._wake.wait()
-                    continue
-                if self._due[0][0] > now:
-                    self._wake.wait(max(self._due[0][0] - now, NAP))
-                    continue
-                due = []
-                while self._due and self._due[0][0] <= now + NAP:
-                    hold = heapq.heappop(self._due)[2]
-                    if hold.ended:
-                        self._ended -= 1
-                    else:
-                        due.append(hold)
-            self._round(due)
+                else:
+                    due.append(hold)
+            return due, 0.0
 
     def _round(self, due: list[Hold]) -> None:
         try:
             for hold in due:
                 if not hold.ended and self._renew(hold):
                     hold.due = time.monotonic() + hold.interval
-                    with self._wake:
+                    with self._schedule:
                         if not hold.ended:
                             self._push(hold)
         finally:
@@ -172,7 +240,17 @@ class Heartbeat:
         if claim is None or type(holder.store) in self._unrenewable:
             return False
         try:
-            renewed = holder.store.renew(claim, timezone.now() + hold.lease)
+            renewed = holder.store.renew(claim, later(holder.store.now(), hold.lease))
+        except RecordLocked as exc:
+            # Another transaction holds the record: the work's own around a step (whose write
+            # moved the lease on itself, and which renews it again once committed), or one of
+            # the project's. Not waited for, so the process's other leases are renewed on time.
+            logger.info(
+                "An idempotency lease was not renewed now (retried in %.1f s): %s",
+                hold.interval,
+                exc,
+            )
+            return True
         except StoreUnavailable as exc:
             # The work goes on: the store may be back before the lease runs out.
             logger.warning(

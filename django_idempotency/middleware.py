@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,8 @@ class IdempotencyMiddleware:
     middleware's ``process_exception``, in Django's order.
 
     DRF views are left to `IdempotencyMixin` and IDEMPOTENCY_GUARD_ALL_VIEWS, which guard them
-    after DRF's authentication; views decorated with `@idempotent` guard themselves.
+    after DRF's authentication, and a Django Ninja API's views to their operation, which guards
+    them after Ninja's; views decorated with `@idempotent` guard themselves.
     """
 
     sync_capable = True
@@ -169,6 +171,8 @@ def _guarded_class(request: HttpRequest, view_func: Callable[..., Any]) -> Any:
     whose ``idempotency_*`` attributes give the options."""
     if request.method in SAFE_METHODS or not conf.ENABLED or hasattr(view_func, "cls"):
         return False  # A safe method, or a DRF view (guarded after DRF's authentication).
+    if _ninja_guards(request, view_func):
+        return False  # Its operation guards it, after Ninja's authentication.
     view_class = getattr(view_func, "view_class", None)
     handler = getattr(view_class, (request.method or "").lower(), None)
     if hasattr(view_func, "idempotency_options") or hasattr(handler, "idempotency_options"):
@@ -176,6 +180,15 @@ def _guarded_class(request: HttpRequest, view_func: Callable[..., Any]) -> Any:
     if is_exempt(view_func, view_class, handler) or exempt_by_default(view_func):
         return False  # Opted out, or a view a login form reaches (see `http.exempt`).
     return view_class
+
+
+def _ninja_guards(request: HttpRequest, view_func: Callable[..., Any]) -> bool:
+    """Whether `view_func` is a Django Ninja API's, which its operation guards instead."""
+    if "ninja" not in sys.modules:  # No Ninja API in the project: none of its views.
+        return False
+    from django_idempotency.contrib.ninja.operations import guarded_behind_middleware
+
+    return guarded_behind_middleware(request, view_func)
 
 
 # Closures may hold more than the chain: a bound on what is looked at before giving up.

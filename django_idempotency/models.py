@@ -84,6 +84,19 @@ class IdempotencyRecord(models.Model):
             " of the same request skips."
         ),
     )
+    operation_id = models.CharField(
+        _("operation"),
+        max_length=26,
+        blank=True,
+        default="",
+        # Rows written without it (before the column existed, or by a server not yet upgraded
+        # during a rolling deploy) have none: their outbound keys derive as they used to.
+        db_default="",
+        help_text=_(
+            "Identity (a ULID) of the operation this record is: new with every new record, kept"
+            " by the same request's retry after a crash. Outbound keys derive from it."
+        ),
+    )
     created_at = models.DateTimeField(
         _("created at"), help_text=_("When the key was claimed by its current request.")
     )
@@ -124,12 +137,23 @@ def abandoned(now: datetime) -> models.Q:
 
 
 def reclaimable(now: datetime) -> models.Q:
-    """The records a new request may take over and the purge may delete: the database's form
-    of `core.outcomes.is_abandoned` (abandoned, or expired without a live lease)."""
+    """The records a new request may take over: the database's form of
+    `core.outcomes.is_abandoned` (abandoned, or expired without a live lease)."""
     return abandoned(now) | models.Q(
         models.Q(status=IdempotencyRecord.Status.COMPLETED) | models.Q(lease_expires_at=None),
         expires_at__lte=now,
     )
+
+
+def purgeable(now: datetime) -> models.Q:
+    """The records the purge deletes: expired, and not held by a live lease.
+
+    An abandoned claim stays until it expires too: its attempt may have called another service
+    before it crashed, and the same request's retry resumes it with its operation's identity
+    (the outbound keys it sent) and its steps. Deleted, the retry would be a new operation and
+    send new keys: the downstream would run the call again.
+    """
+    return models.Q(expires_at__lte=now) & reclaimable(now)
 
 
 class OutboundCall(models.Model):
@@ -168,6 +192,16 @@ class OutboundCall(models.Model):
         max_length=MAX_KEY_LENGTH,
         blank=True,
         help_text=_("Key of the operation (view, function or task) that made the call."),
+    )
+    operation_id = models.CharField(
+        _("operation"),
+        max_length=26,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_(
+            "Identity of the operation that made the call (its record's); empty outside one."
+        ),
     )
     step = models.CharField(
         _("step"),

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import InterfaceError, OperationalError
-from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.conf import conf
@@ -26,7 +25,7 @@ class PurgeReport:
     """What one purge deleted (or, in a dry run, would delete), and how long it took."""
 
     expired: int  # Completed records past their expiry.
-    abandoned: int  # In-progress claims whose worker is gone (lease run out) or that expired.
+    abandoned: int  # In-progress claims past their expiry whose worker is gone (lease run out).
     total: int
     batches: int  # Zero in a dry run, which only counts.
     seconds: float
@@ -62,12 +61,13 @@ def purge_expired_records(
         if progress is not None:
             progress(result)
 
+    store = get_store()
     try:
         options = PurgeOptions(
             batch_size=batch_size, namespace=namespace, dry_run=dry_run, progress=note_progress
         )
-        now = timezone.now()
-        result = get_store().purge(now, options)
+        now = store.now()  # The store's clock, as every claim's: not this server's.
+        result = store.purge(now, options)
         # The journal lives in the database whatever the store: purged with the records.
         journal = 0 if namespace is not None else _purge_journal(now, batch_size, dry_run)
     except OperationalError as exc:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
 
 from django_idempotency.attempts import Attempt, current_attempt
 from django_idempotency.results import serializer_for
@@ -39,6 +41,7 @@ def step(name: str, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     if attempt is None:
         with _in_step(name):
             return func(*args, **kwargs)
+    _refuse_in_event_loop(name)
     serializer = serializer_for(func)
     stored = attempt.stored_step(name)
     if stored is not None:
@@ -60,7 +63,7 @@ async def astep(name: str, func: Callable[..., Awaitable[T]], /, *args: Any, **k
     stored = attempt.stored_step(name)
     if stored is not None:
         return serializer.loads(stored)  # type: ignore[no-any-return]
-    attempt.ensure_lease()
+    await attempt.aensure_lease()
     with _in_step(name):
         result = await func(*args, **kwargs)
     await sync_to_async(attempt.save_step)(name, serializer.dumps(result))
@@ -78,6 +81,23 @@ def _operation(name: str) -> Attempt | None:
             " from. Use mode='lease' on the view, function or task that runs it."
         )
     return attempt
+
+
+def _refuse_in_event_loop(name: str) -> None:
+    """Refuse `step` in a thread running an event loop, before its work runs: storing its
+    result there would fail after the side effect (Django refuses the query), and the retry
+    would run the side effect again."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return  # Synchronous code: the store may be called here.
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return  # The project lets Django query from here, as Django itself then does.
+    raise SynchronousOnlyOperation(
+        f"step({name!r}) was called from async code, where its result could not be stored "
+        f"after its work ran: use `await astep({name!r}, ...)` with a coroutine function, or "
+        "wrap the synchronous caller in sync_to_async."
+    )
 
 
 @contextlib.contextmanager

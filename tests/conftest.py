@@ -299,6 +299,14 @@ def store(request: pytest.FixtureRequest) -> Iterator[str]:
         yield name
 
 
+@pytest.fixture
+def shared_store(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A store several processes share, given by `parametrize(..., SHARED_STORES,
+    indirect=True)` (tests.stores): yields its name."""
+    with using_store(request.param):
+        yield request.param
+
+
 @pytest.fixture(params=STORE_MODES)
 def store_mode(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     """Each store in each of its modes: yields (store, mode)."""

@@ -24,6 +24,7 @@ DATABASE_TESTS = frozenset(
         "tests/test_cors.py",
         "tests/test_databases.py",
         "tests/test_guard.py",
+        "tests/test_leases.py",
         "tests/test_migrations.py",
         "tests/test_pgbouncer.py",
         "tests/test_purge.py",

@@ -132,7 +132,8 @@ CRASHES: list[bool] = []  # Each run of `pay` pops one: True crashes it after it
 @csrf_exempt
 @idempotent(mode="lease")
 def pay(request: HttpRequest) -> HttpResponse:
-    """A guarded view of the caller's: charges through the outbound client, in step "charge"."""
+    """A guarded view of the caller's: charges through the outbound client, in step "charge",
+    then answers the order's "answer" status (201 by default)."""
     import httpx
 
     from django_idempotency.outbound import IdempotentTransport
@@ -146,7 +147,7 @@ def pay(request: HttpRequest) -> HttpResponse:
         )
     if CRASHES and CRASHES.pop(0):
         raise RuntimeError("The caller crashed after its call.")
-    return JsonResponse(charged.json(), status=201)
+    return JsonResponse(charged.json(), status=order.get("answer", 201))
 
 
 urlpatterns = [

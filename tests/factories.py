@@ -8,6 +8,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from django_idempotency.core.keys import new_key
 from django_idempotency.models import IdempotencyRecord
 
 
@@ -49,3 +50,4 @@ class IdempotencyRecordFactory(factory.django.DjangoModelFactory):
     created_at = factory.LazyFunction(timezone.now)
     completed_at = factory.LazyFunction(timezone.now)
     expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=24))
+    operation_id = factory.LazyFunction(new_key)

@@ -13,7 +13,8 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency.core.outcomes import Claim, Scope
+from django_idempotency.attempts import current_attempt
+from django_idempotency.core.outcomes import Claim, Outcome, Scope
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores import BaseStore, ClaimRequest, _store_for, get_store
 from django_idempotency.stores.cache import CacheTier
@@ -35,6 +36,14 @@ STORE_PARAMS = [
     pytest.param("database"),
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("memory"),
+]
+
+
+# The stores several processes share (the memory store is one process's): the database store on
+# a server, and Redis.
+SHARED_STORES = [
+    pytest.param("database", marks=[pytest.mark.postgresql, pytest.mark.mariadb]),
+    pytest.param("redis", marks=pytest.mark.redis),
 ]
 
 
@@ -207,3 +216,24 @@ def claim_request(
 def hold(scope: Scope, url: str, body: dict[str, Any]) -> Claim:
     """A POST of `body` to `url` with the scope's key, still running: its claim, leased."""
     return get_store().begin(claim_request(scope, fingerprint=fingerprint_of(url, body), path=url))
+
+
+def take_over_running() -> Claim:
+    """Another caller takes the running operation's key over, as if its lease had run out (the
+    process stalled two minutes, its heartbeat too): the new owner's claim."""
+    attempt = current_attempt()
+    assert attempt is not None and attempt.claim is not None and attempt.scope is not None
+    held = attempt.claim
+    assert held.fingerprint is not None
+    request = ClaimRequest(
+        scope=attempt.scope,
+        fingerprint=held.fingerprint,
+        method=held.method,
+        path=held.path,
+        now=get_store().now() + timedelta(minutes=2),
+        ttl=timedelta(hours=1),
+        lease=timedelta(seconds=60),
+    )
+    claim = get_store().begin(request)
+    assert claim.outcome is Outcome.FRESH
+    return claim

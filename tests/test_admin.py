@@ -470,6 +470,15 @@ def test_the_detail_page_is_read_only(admin_client: Client) -> None:
     assert response.context["title"] == "View idempotency record"
 
 
+def test_the_detail_page_shows_the_operation_read_only(admin_client: Client) -> None:
+    record = IdempotencyRecordFactory()
+
+    response = admin_client.get(detail_url(record))
+
+    assert record.operation_id in response.content.decode()
+    assert "operation_id" in record_admin.IdempotencyRecordAdmin.readonly_fields
+
+
 def test_the_detail_page_shows_headers_as_a_table(admin_client: Client) -> None:
     record = IdempotencyRecordFactory(
         response_headers=[
@@ -743,7 +752,7 @@ def test_under_atomic_requests_the_purge_of_expired_records_runs_outside_the_req
 
     monkeypatch.setattr(RecordingStore, "forget", forget)
     expired(key="old-1")
-    stuck(key="dead")
+    stuck(key="dead", expires_at=ago(minutes=1))
 
     response = confirm(_ops_client(), "purge_expired")
 
@@ -808,7 +817,8 @@ def test_a_broken_action_post_runs_nothing(admin_client: Client, data: dict[str,
 def test_purge_expired_asks_first_without_a_selection(admin_client: Client) -> None:
     expired()
     expired()
-    stuck()
+    stuck(expires_at=ago(minutes=1))
+    stuck()  # Not expired: its retry resumes it, so the purge keeps it.
     IdempotencyRecordFactory()
 
     response = admin_client.post(CHANGELIST, {"action": "purge_expired", "index": "0"})
@@ -816,18 +826,19 @@ def test_purge_expired_asks_first_without_a_selection(admin_client: Client) -> N
     assert response.status_code == 200
     assert (
         "2 expired records will be purged. "
-        "1 abandoned in-progress record (its lease ran out) will be purged."
+        "1 abandoned in-progress record (expired, its lease run out) will be purged."
         in response.content.decode()
     )
-    assert IdempotencyRecord.objects.count() == 4
+    assert IdempotencyRecord.objects.count() == 5
 
 
 def test_purge_expired_purges_through_the_store(
     admin_client: Client, forgotten: list[Scope]
 ) -> None:
-    gone = [expired(key="old-1"), expired(key="old-2"), stuck(key="dead")]
+    gone = [expired(key="old-1"), expired(key="old-2"), stuck(key="dead", expires_at=ago(hours=1))]
     IdempotencyRecordFactory(key="live")
     IdempotencyRecordFactory(key="running", in_progress=True)
+    stuck(key="crashed")  # Its lease ran out, its record has not expired: its retry may come.
     chosen = IdempotencyRecordFactory(key="chosen")  # A selection changes nothing.
 
     response = confirm(admin_client, "purge_expired", chosen)
@@ -838,6 +849,7 @@ def test_purge_expired_purges_through_the_store(
     assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {
         "live",
         "running",
+        "crashed",
         "chosen",
     }
     assert {scope.key for scope in forgotten} == {record.key for record in gone}

@@ -1032,7 +1032,7 @@ def test_an_unapplied_migration_is_reported_by_check_database() -> None:
     assert message.msg == (
         "The database 'default' lacks migrations of django_idempotency:"
         " 0003_binary_scope_on_mariadb, 0004_decrypted_response_permission,"
-        " 0005_record_steps, 0006_outbound_calls."
+        " 0005_record_steps, 0006_outbound_calls, 0007_operation_identity."
     )
     assert str(message.hint).startswith("Run `python manage.py migrate django_idempotency`")
 
@@ -1071,7 +1071,7 @@ def test_runserver_warns_of_a_migration_missing_on_the_records_database() -> Non
     assert lacking == (
         "\n?: (django_idempotency.W007) The database 'records' lacks migrations of"
         " django_idempotency: 0003_binary_scope_on_mariadb, 0004_decrypted_response_permission,"
-        " 0005_record_steps, 0006_outbound_calls."
+        " 0005_record_steps, 0006_outbound_calls, 0007_operation_identity."
         "\n\tHINT: Run `python manage.py migrate django_idempotency --database records`: the"
         " store's statements expect the schema of the last migration.\n"
     )

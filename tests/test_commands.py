@@ -27,14 +27,16 @@ def _purge(*args: str, **options: object) -> str:
 
 @pytest.fixture
 def records() -> None:
-    """Three expired records and one abandoned claim in "default", one expired in "refunds",
-    and one live record and one live claim that must survive every purge."""
+    """Three expired records and one expired abandoned claim in "default", one expired in
+    "refunds", and one live record, one live claim and one crashed claim not yet expired (its
+    retry resumes it) that must survive every purge."""
     past = timezone.now() - timedelta(minutes=5)
     IdempotencyRecordFactory.create_batch(3, expires_at=past)
-    IdempotencyRecordFactory(in_progress=True, lease_expires_at=past)
+    IdempotencyRecordFactory(in_progress=True, lease_expires_at=past, expires_at=past)
     IdempotencyRecordFactory(expires_at=past, namespace="refunds")
     IdempotencyRecordFactory(key="live")
     IdempotencyRecordFactory(key="running", in_progress=True)
+    IdempotencyRecordFactory(key="crashed", in_progress=True, lease_expires_at=past)
 
 
 def _keys() -> set[str]:
@@ -47,7 +49,7 @@ def test_purges_and_prints_the_counts_and_duration(records: None) -> None:
     assert re.fullmatch(rf"Purged 5 records \(4 expired, 1 abandoned\) in {SECONDS}\.\n", output), (
         output
     )
-    assert _keys() == {"live", "running"}
+    assert _keys() == {"live", "running", "crashed"}
 
 
 def test_dry_run_says_what_would_go_and_deletes_nothing(records: None) -> None:
@@ -58,7 +60,7 @@ def test_dry_run_says_what_would_go_and_deletes_nothing(records: None) -> None:
         rf"\({SECONDS}\)\.\n",
         output,
     ), output
-    assert IdempotencyRecord.objects.count() == 7
+    assert IdempotencyRecord.objects.count() == 8
 
 
 def test_namespace_purges_only_that_namespace(records: None) -> None:
@@ -68,7 +70,7 @@ def test_namespace_purges_only_that_namespace(records: None) -> None:
         rf"Purged 1 record \(1 expired, 0 abandoned\) in namespace 'refunds' in {SECONDS}\.\n",
         output,
     ), output
-    assert IdempotencyRecord.objects.count() == 6
+    assert IdempotencyRecord.objects.count() == 7
 
 
 def test_counts_are_grouped_by_thousands() -> None:
@@ -105,7 +107,7 @@ def test_verbosity_1_shows_only_the_summary(records: None) -> None:
 
 def test_verbosity_0_prints_nothing(records: None) -> None:
     assert _purge("--verbosity", "0") == ""
-    assert _keys() == {"live", "running"}
+    assert _keys() == {"live", "running", "crashed"}
 
 
 def test_nothing_to_purge() -> None:
@@ -118,7 +120,7 @@ def test_options_can_be_passed_as_keyword_arguments(records: None) -> None:
     assert output.startswith(
         "Would purge 4 records (3 expired, 1 abandoned) in namespace 'default'; dry run"
     ), output
-    assert IdempotencyRecord.objects.count() == 7
+    assert IdempotencyRecord.objects.count() == 8
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "ten", "1.5", ""])
@@ -126,7 +128,7 @@ def test_a_batch_size_that_is_not_a_positive_integer_is_an_error(records: None, 
     with pytest.raises(CommandError, match=r"--batch-size: must be a positive whole number"):
         _purge("--batch-size", value)
 
-    assert IdempotencyRecord.objects.count() == 7
+    assert IdempotencyRecord.objects.count() == 8
 
 
 @pytest.mark.parametrize("value", [0, -1, "100"])
@@ -134,7 +136,7 @@ def test_a_bad_batch_size_keyword_is_an_error(records: None, value: object) -> N
     with pytest.raises(CommandError, match=r"--batch-size must be a positive whole number"):
         _purge(batch_size=value)
 
-    assert IdempotencyRecord.objects.count() == 7
+    assert IdempotencyRecord.objects.count() == 8
 
 
 def test_the_help_lists_the_options() -> None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import path
@@ -20,16 +23,15 @@ from rest_framework import viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from django_idempotency import idempotent, idempotent_function
-from django_idempotency.attempts import current_attempt
+from django_idempotency import idempotent, idempotent_function, threads
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.core.outcomes import Claim, Outcome, StoredResponse
 from django_idempotency.exceptions import LeaseLost
-from django_idempotency.leases import heartbeat
+from django_idempotency.leases import Heartbeat, heartbeat
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.steps import step
-from django_idempotency.stores import ClaimRequest, get_store
-from tests.stores import the_record
+from django_idempotency.stores import BaseStore, RecordLocked, get_store
+from tests.stores import take_over_running, the_record
 from tests.utils import lose_database, post
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
@@ -89,27 +91,6 @@ def test_a_view_running_three_times_its_lease_keeps_its_claim(store: str) -> Non
     assert runs == {"long": 1}
 
 
-def _take_over() -> Claim:
-    """Another caller takes the running call's key over, as if its lease had run out (the
-    process stalled two minutes, its heartbeat too)."""
-    attempt = current_attempt()
-    assert attempt is not None and attempt.claim is not None and attempt.scope is not None
-    held = attempt.claim
-    assert held.fingerprint is not None
-    request = ClaimRequest(
-        scope=attempt.scope,
-        fingerprint=held.fingerprint,
-        method=held.method,
-        path=held.path,
-        now=timezone.now() + timedelta(minutes=2),
-        ttl=timedelta(hours=1),
-        lease=timedelta(seconds=60),
-    )
-    claim = get_store().begin(request)
-    assert claim.outcome is Outcome.FRESH
-    return claim
-
-
 def count(name: str) -> str:
     runs[name] += 1
     return name
@@ -121,7 +102,7 @@ taken_over: list[Claim] = []
 @idempotent_function(key="key", mode="lease", lease=60)
 def stalled_then_resumed(key: str) -> str:
     step("charge", count, "charge")
-    taken_over.append(_take_over())
+    taken_over.append(take_over_running())
     heartbeat().beat()  # The stalled process's heartbeat runs again: its renewal is refused.
     step("ship", count, "ship")
     return "done"
@@ -229,7 +210,7 @@ def test_a_lease_mode_claim_inside_the_requests_transaction_is_not_renewed_from_
 @idempotent(mode="lease", lease=60)
 def stalled_view(request: HttpRequest) -> HttpResponse:
     step("charge", count, "charge")
-    taken_over.append(_take_over())
+    taken_over.append(take_over_running())
     heartbeat().beat()  # The stalled process's heartbeat runs again: its renewal is refused.
     step("ship", count, "ship")
     return JsonResponse({"shipped": True}, status=201)
@@ -246,7 +227,7 @@ async def stalled_async_view(request: HttpRequest) -> HttpResponse:
 
 
 def _take_over_and_beat() -> None:
-    taken_over.append(_take_over())
+    taken_over.append(take_over_running())
     heartbeat().beat()
 
 
@@ -272,3 +253,273 @@ def test_a_view_whose_key_was_taken_over_answers_409_and_the_retry_gets_the_new_
     assert get_store().complete(new_owner, done, timezone.now())
     retry = post(Client(), url, key="stalled-view")
     assert (retry.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+
+
+in_transaction, beside_started = threading.Event(), threading.Event()
+
+
+@idempotent(mode="lease", lease=LEASE)
+def step_in_a_transaction(request: HttpRequest) -> HttpResponse:
+    runs["in-transaction"] += 1
+    if runs["in-transaction"] == 1:  # A second run (the key taken over) answers at once.
+        with transaction.atomic():
+            # The step's write keeps the record's row locked until this transaction ends.
+            step("charge", count, "charge")
+            in_transaction.set()
+            assert finish.wait(30), "the test never let the view finish"
+    return JsonResponse({"run": runs["in-transaction"]}, status=201)
+
+
+@idempotent(mode="lease", lease=LEASE)
+def beside(request: HttpRequest) -> HttpResponse:
+    runs["beside"] += 1
+    if runs["beside"] == 1:
+        beside_started.set()
+        assert finish.wait(30), "the test never let the view finish"
+    return JsonResponse({"run": runs["beside"]}, status=201)
+
+
+urlpatterns += [path("in-transaction/", step_in_a_transaction), path("beside/", beside)]
+
+
+def _posted(url: str, key: str, answers: list[tuple[str, int, bool]]) -> threading.Thread:
+    """POST in a thread of its own (its own connections); the answer is noted with whether the
+    work was still running when it came."""
+
+    def request() -> None:
+        try:
+            response = post(Client(), url, key=key)
+            answers.append((url, response.status_code, not finish.is_set()))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    return thread
+
+
+@pytest.mark.postgresql
+@pytest.mark.mariadb
+def test_a_step_saved_inside_the_views_transaction_stalls_no_lease() -> None:
+    in_transaction.clear()
+    beside_started.clear()
+    firsts: list[tuple[str, int, bool]] = []
+    first = [
+        _posted("/in-transaction/", "locked-1", firsts),
+        _posted("/beside/", "beside-1", firsts),
+    ]
+    assert in_transaction.wait(10) and beside_started.wait(10)
+    retries: list[tuple[str, int, bool]] = []
+    threads = []
+    began = time.monotonic()
+    # Time itself is what is tested: both leases would have run out three times by the end.
+    while time.monotonic() - began < 3 * LEASE:
+        threads.append(_posted("/in-transaction/", "locked-1", retries))
+        threads.append(_posted("/beside/", "beside-1", retries))
+        time.sleep(LEASE / 4)
+    finish.set()
+    for thread in [*first, *threads]:
+        thread.join(30)
+
+    assert len(retries) >= 20
+    # Each retry was answered 409 while the work ran: neither key was taken over.
+    assert {(status, during) for _, status, during in retries} == {(409, True)}, retries
+    assert sorted(firsts) == [("/beside/", 201, False), ("/in-transaction/", 201, False)]
+    assert runs == {"in-transaction": 1, "beside": 1, "charge": 1}
+    for url, key in [("/in-transaction/", "locked-1"), ("/beside/", "beside-1")]:
+        assert post(Client(), url, key=key)["Idempotent-Replayed"] == "true"
+
+
+committing, committed = threading.Event(), threading.Event()
+
+
+@idempotent(mode="lease", lease=LEASE)
+def committed_past_the_lease(request: HttpRequest) -> HttpResponse:
+    runs["committed-late"] += 1
+    if runs["committed-late"] == 1:
+        with transaction.atomic():
+            step("charge", count, "charge")
+            in_transaction.set()
+            assert committing.wait(30), "the test never let the transaction commit"
+        committed.set()
+        assert finish.wait(30), "the test never let the view finish"
+    return JsonResponse({"run": runs["committed-late"]}, status=201)
+
+
+urlpatterns += [path("committed-late/", committed_past_the_lease)]
+
+
+@pytest.mark.postgresql
+@pytest.mark.mariadb
+def test_a_transaction_that_saved_a_step_renews_the_lease_as_it_commits() -> None:
+    in_transaction.clear()
+    committing.clear()
+    committed.clear()
+    firsts: list[tuple[str, int, bool]] = []
+    first = _posted("/committed-late/", "late-1", firsts)
+    assert in_transaction.wait(10)
+    retries: list[tuple[str, int, bool]] = []
+    threads = []
+    began = time.monotonic()
+    # The transaction stays open twice the lease after its step: the lease that step's write
+    # committed has ended by the time it commits.
+    while time.monotonic() - began < 2 * LEASE:
+        threads.append(_posted("/committed-late/", "late-1", retries))
+        time.sleep(LEASE / 4)
+    committing.set()
+    assert committed.wait(10)
+    after_commit: list[tuple[str, int, bool]] = []
+    began = time.monotonic()
+    while time.monotonic() - began < LEASE:
+        _posted("/committed-late/", "late-1", after_commit).join(30)
+        time.sleep(LEASE / 4)
+    finish.set()
+    for thread in [first, *threads]:
+        thread.join(30)
+
+    assert {(status, during) for _, status, during in retries} == {(409, True)}, retries
+    assert {(status, during) for _, status, during in after_commit} == {(409, True)}, after_commit
+    assert firsts == [("/committed-late/", 201, False)]
+    assert runs == {"committed-late": 1, "charge": 1}
+
+
+# What the heartbeat does under gevent or eventlet, in this process (which neither patched: gevent
+# hands back the functions it would have saved): tests/test_leases_gevent.py runs it in processes
+# that gevent patched.
+
+
+class RenewalsNoted(BaseStore):
+    """A store that notes in which thread each renewal ran."""
+
+    def __init__(self) -> None:
+        self.renewed_in: list[str] = []
+
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        self.renewed_in.append(threading.current_thread().name)
+        return True
+
+
+class BoundToGreenlets(RenewalsNoted):
+    greenlet_bound_connections = True  # As the Redis store's connections under gevent.
+
+
+class Holding:
+    def __init__(self, store: BaseStore) -> None:
+        self.store, self.claim = store, Claim(Outcome.FRESH)
+
+    def lose(self) -> None:
+        raise AssertionError("never lost")
+
+
+def test_under_gevent_a_store_bound_to_the_greenlets_is_renewed_by_a_heartbeat_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    importlib.import_module("gevent.monkey")  # Imported, as under gevent; not patching.
+    monkeypatch.setattr(threads, "green", lambda: "gevent")
+    beating, native, bound = Heartbeat(), RenewalsNoted(), BoundToGreenlets()
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        holds = [beating.hold(Holding(store), timedelta(minutes=1)) for store in (native, bound)]
+        beating.hold(Holding(BoundToGreenlets()), timedelta(minutes=1))  # Warned once.
+
+    beating.beat()
+    for hold in holds:
+        beating.end(hold)
+    beating.beat()  # Ended: renewed no more.
+
+    assert native.renewed_in == bound.renewed_in == ["MainThread"]
+    assert holds[0].schedule is beating and holds[1].schedule is not beating
+    assert all(hold.ended for hold in holds)
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("Under gevent, the leases of BoundToGreenlets are renewed by a")
+
+
+def test_under_eventlet_the_heartbeat_says_that_it_is_a_green_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(threads, "green", lambda: "eventlet")
+    beating, store = Heartbeat(), RenewalsNoted()
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        hold = beating.hold(Holding(store), timedelta(minutes=1))
+        beating.end(beating.hold(Holding(store), timedelta(minutes=1)))
+
+    beating.beat()
+    beating.end(hold)
+
+    assert store.renewed_in == ["MainThread"]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("Under eventlet, idempotency leases are renewed by a green thread")
+
+
+def test_a_greenlet_waits_for_a_lock_a_native_thread_holds_without_blocking_its_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    importlib.import_module("gevent.monkey")  # Imported, as under gevent; not patching.
+    monkeypatch.setattr(threads, "green", lambda: "gevent")
+    lock, released = threads.Lock(), threading.Event()
+    naps: list[float] = []
+    monkeypatch.setattr(threads.time, "sleep", lambda seconds: naps.append(seconds) or nap())
+
+    def nap() -> None:
+        if len(naps) == 3:  # The greenlets ran three times: the native thread lets go.
+            lock.release()
+            released.set()
+
+    assert lock.acquire()
+    assert not lock.acquire(blocking=False)
+    assert not lock.acquire(timeout=0)
+    assert lock.acquire(timeout=30)  # Polled, yielding (time.sleep is gevent's) in between.
+
+    assert released.is_set() and naps == [threads.POLL] * 3
+    lock.release()
+
+
+class LockedOnce(RenewalsNoted):
+    """A store whose record another transaction holds at the first renewal."""
+
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        if not self.renewed_in:
+            self.renewed_in.append("locked")
+            raise RecordLocked("The record is locked by another transaction.")
+        claim.lease_expires_at = until
+        return super().renew(claim, until)
+
+
+def test_a_renewal_that_met_a_locked_record_is_not_announced_and_is_tried_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    beating, store = Heartbeat(), LockedOnce()
+    holding = Holding(store)
+    hold = beating.hold(holding, timedelta(minutes=1))
+
+    with caplog.at_level(logging.INFO, logger="django_idempotency"):
+        beating.beat()
+    assert holding.claim.lease_expires_at is None  # Not renewed, and not said to be.
+    [note] = [r for r in caplog.records if r.name == "django_idempotency"]
+    assert (note.levelno, note.getMessage()) == (
+        logging.INFO,
+        "An idempotency lease was not renewed now (retried in 20.0 s): The record is locked by"
+        " another transaction.",
+    )
+    beating.beat()  # The next beat.
+    beating.end(hold)
+
+    assert store.renewed_in == ["locked", "MainThread"]
+    assert holding.claim.lease_expires_at is not None
+
+
+def test_green_names_the_library_that_made_threads_greenlets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def patched(*names: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            is_module_patched=lambda name: name in names,
+            is_monkey_patched=lambda name: name in names,
+        )
+
+    monkeypatch.setitem(sys.modules, "gevent.monkey", patched("socket"))
+    monkeypatch.setitem(sys.modules, "eventlet.patcher", patched("socket"))
+    assert threads.green() is None  # Imported, or patching something else: threads are threads.
+    monkeypatch.setitem(sys.modules, "eventlet.patcher", patched("thread"))
+    assert threads.green() == "eventlet"
+    monkeypatch.setitem(sys.modules, "gevent.monkey", patched("threading"))
+    assert threads.green() == "gevent"

@@ -214,7 +214,10 @@ PURGE_SECONDS = PREFIX + "purge_duration_seconds"
 def leftovers() -> None:
     past = timezone.now() - timedelta(minutes=5)
     IdempotencyRecordFactory.create_batch(3, expires_at=past)
-    IdempotencyRecordFactory.create_batch(2, in_progress=True, lease_expires_at=past)
+    # Abandoned claims past their expiry (a crashed claim within its TTL stays for its retry).
+    IdempotencyRecordFactory.create_batch(
+        2, in_progress=True, lease_expires_at=past, expires_at=past
+    )
     IdempotencyRecordFactory()  # Live: never purged.
 
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +27,7 @@ from django_idempotency.stores import ClaimRequest, StoreUnavailable, get_store
 from django_idempotency.stores.database import DatabaseStore
 from tests.models import Charge
 from tests.stores import the_record
-from tests.utils import ViewKind, assert_problem, lose_database, post
+from tests.utils import ViewKind, assert_problem, lose_database, post, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -275,13 +274,6 @@ def _database_url() -> str:
     return f"{scheme}://{user}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
 
 
-def _wait_for(condition: Callable[[], bool], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_killed_process_frees_its_renewed_key_within_one_lease(tmp_path: Path) -> None:
     from tests.lease_holder import LEASE, hold_the_key
@@ -299,7 +291,7 @@ def test_a_killed_process_frees_its_renewed_key_within_one_lease(tmp_path: Path)
         env=env,
     )
     try:
-        _wait_for(marker.exists, 30)
+        wait_for(marker.exists, 30)
         claimed_at = time.monotonic()
         # Alive past two leases: renewed, so a retry meanwhile is refused, never run.
         while time.monotonic() - claimed_at < 2 * LEASE:
@@ -317,7 +309,7 @@ def test_a_killed_process_frees_its_renewed_key_within_one_lease(tmp_path: Path)
         except KeyInProgress:
             return False
 
-    _wait_for(retry_runs, 10 * LEASE)
+    wait_for(retry_runs, 10 * LEASE)
     freed_after = time.monotonic() - killed_at
 
     # Within one lease of the kill (and a renewal interval's slack), not a default 60 s.

@@ -146,6 +146,49 @@ def test_a_run_after_a_crash_goes_on_with_the_same_row(
     assert (call.outcome, call.attempts, call.last_status) == ("confirmed", 2, 201)
 
 
+def test_a_later_run_that_fails_leaves_an_earlier_confirmation_as_it_was(
+    downstream: Downstream, url: Callable[[str], str]
+) -> None:
+    path = downstream.script("charges", 201, 503, 503)
+    send(url(path))  # The bank did it, and said so.
+
+    # A later run of the same operation (its answer lost to a crash before it was stored):
+    # the bank refuses it now, and it never runs again.
+    send(url(path), max_attempts=2)
+    during_the_later_run = [seen.journaled for seen in downstream.seen["charges"][1:]]
+
+    call = OutboundCall.objects.get()
+    assert (call.outcome, call.attempts, call.last_status) == ("confirmed", 3, 503)
+    assert during_the_later_run == ["confirmed", "confirmed"]  # Never back to "sending".
+
+
+def test_a_later_run_that_fails_leaves_an_earlier_run_that_may_have_sent_it_ambiguous(
+    downstream: Downstream, url: Callable[[str], str]
+) -> None:
+    lost = downstream.script("lost", 502)
+    send(url(lost), max_attempts=1)  # The gateway gave up: the bank may have done it.
+
+    # The later run never reaches the bank.
+    with refused_port() as port, pytest.raises(httpx.ConnectError):
+        send(f"http://127.0.0.1:{port}/charges/", max_attempts=2)
+
+    call = OutboundCall.objects.get()
+    assert (call.outcome, call.attempts, call.last_error) == ("ambiguous", 3, "ConnectError")
+
+
+def test_a_row_a_crash_left_sending_is_ambiguous_after_a_later_run_that_fails(
+    downstream: Downstream, url: Callable[[str], str]
+) -> None:
+    # What a run killed while its request was in flight leaves: "maybe sent".
+    journal.open_call(KEY, method="POST", target="t", host="h", step="", scope=None)
+
+    with refused_port() as port, pytest.raises(httpx.ConnectError):
+        send(f"http://127.0.0.1:{port}/charges/", max_attempts=1)
+
+    call = OutboundCall.objects.get()
+    assert (call.outcome, call.attempts) == ("ambiguous", 1)  # Never "failed": not done.
+
+
 def test_in_a_transaction_the_row_is_written_with_a_warning_once(
     downstream: Downstream,
     url: Callable[[str], str],
@@ -157,8 +200,9 @@ def test_in_a_transaction_the_row_is_written_with_a_warning_once(
 
     @idempotent_function(key="order", namespace="settle", mode="atomic")
     def settle(order: int) -> None:
+        # A key of the caller's own: atomic mode derives none (see test_outbound_keys.py).
         with httpx.Client(transport=IdempotentTransport()) as client:
-            client.post(url(path), extensions={"idempotency_step": "charge"})
+            client.post(url(path), headers={"Idempotency-Key": f"settle-{order}"})
 
     with caplog.at_level(logging.WARNING, logger="django_idempotency"):
         settle(1)
@@ -293,6 +337,7 @@ def journaled() -> None:
             attempts=1,
             last_status=201,
             operation_key=f"op-{key}",
+            operation_id=f"id-{key}",
             created_at=now,
             updated_at=now,
         )
@@ -311,6 +356,7 @@ def listed(response: Any) -> set[str]:
         ("?host__exact=mail.example", {"k-failed"}),
         ("?q=k-confirmed", {"k-confirmed"}),
         ("?q=op-k-failed", {"k-failed"}),
+        ("?q=id-k-failed", {"k-failed"}),  # The operation's identity.
         ("?q=https://bank.example/", {"k-confirmed", "k-ambiguous"}),
     ],
 )
@@ -331,6 +377,7 @@ def test_the_admin_shows_a_call_read_only() -> None:
     assert detail.status_code == 200
     content = detail.content.decode()
     assert "https://bank.example/v1/charges" in content
+    assert call.operation_id in content
     assert 'name="_save"' not in content
     add = reverse("admin:django_idempotency_outboundcall_add")
     assert viewer.get(add).status_code == 403

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from django_idempotency.outbound import RetryPolicy
 from django_idempotency.outbound.outcomes import outcome_of
-from django_idempotency.outbound.policy import Decision, Failure, Result
+from django_idempotency.outbound.policy import Decision, Failure, Result, retry_after
 
 
 def decide(result: Result, attempt: int = 1, elapsed: float = 0.0, **policy: Any) -> Decision:
@@ -48,6 +50,27 @@ def test_retry_after_is_read_without_regard_to_case_and_ignored_when_unreadable(
     # A date in the past: retry at once.
     past = "Wed, 21 Oct 2015 07:28:00 GMT"
     assert decide(Result(503, {"Retry-After": past})).delay == 0.0
+
+
+@pytest.mark.parametrize(
+    "value", ["²", "٣", "\uff11", "3.5", "-3", "+3", "1e3", "nan", "inf", "3 s", "0x10", "\x003"]
+)
+def test_a_retry_after_outside_its_grammar_is_ignored_not_an_error(value: str) -> None:
+    # "²".isdigit() is true and float("²") raises: it answered 500 through the outbound client.
+    assert decide(Result(503, {"Retry-After": value})).delay == 0.5  # The backoff instead.
+
+
+def test_an_absurdly_long_retry_after_is_over_the_cap() -> None:
+    decision = decide(Result(503, {"Retry-After": "9" * 400}))
+    assert not decision.retry
+    assert "over the cap" in decision.reason
+
+
+@given(st.text(max_size=40))
+@settings(max_examples=300, deadline=None, database=None)
+def test_any_retry_after_gives_a_delay_or_none(value: str) -> None:
+    waited = retry_after(value, 0.0)
+    assert waited is None or waited >= 0.0
 
 
 @pytest.mark.parametrize(

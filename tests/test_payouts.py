@@ -18,6 +18,7 @@ from django.test import Client, override_settings
 
 from django_idempotency import mint_key
 from django_idempotency.models import OutboundCall
+from django_idempotency.stores import database
 from testproject.bank.models import Transfer
 from testproject.payments.crashes import crash_point
 from testproject.payments.models import Payout
@@ -25,9 +26,14 @@ from tests.reliability.proxy import DroppingProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSFER = {"reference": "payout-1", "amount": 250, "currency": "EUR"}
+# The identity the payout's operation is given (the proxy below is seeded for its transfer key).
+OPERATION = "01K0PAY0VT0000000000000000"
 # The key the outbound client derives for the transfer step of the payout keyed payout-key-1
-# (namespace "payouts", anonymous): the payout's claim, then the step, in the bank's namespace.
-TRANSFER_KEY = mint_key("payouts", "owner:", "payout-key-1", "transfer", namespace="bank")
+# (namespace "payouts", anonymous): the payout's claim and operation, then the step, in the
+# bank's namespace.
+TRANSFER_KEY = mint_key(
+    "payouts", "owner:", "payout-key-1", f"operation:{OPERATION}", "transfer", namespace="bank"
+)
 
 pytestmark = pytest.mark.urls("testproject.urls")
 
@@ -72,9 +78,11 @@ def test_the_bank_refuses_a_transfer_it_cannot_read_and_gives_the_key_back(
 
 
 @pytest.fixture
-def losing_proxy(live_server: Any) -> Iterator[DroppingProxy]:
+def losing_proxy(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[DroppingProxy]:
     """A proxy to the live bank that loses the answer to the payout's first transfer request
-    and passes on the second (a seed found for the transfer's key)."""
+    and passes on the second (a seed found for the transfer's key, of the payout's operation:
+    the one new operation minted meanwhile)."""
+    monkeypatch.setattr(database, "new_operation_id", lambda: OPERATION)
     key = TRANSFER_KEY
     port = int(live_server.url.rsplit(":", 1)[1])
     proxy = DroppingProxy(port, drop=0.5, seed=0)

@@ -21,6 +21,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from django_idempotency.attempts import Attempt
+from django_idempotency.core.keys import key_hash
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
 from django_idempotency.stores import ClaimRequest, StoreUnavailable, get_store
 from django_idempotency.stores.base import interleave
@@ -70,7 +71,7 @@ def test_each_record_is_one_hash_whose_key_hash_tags_the_scope(redis_store: Redi
     fields = {name.decode() for name in connection.hgetall(key)}
     assert fields == {
         *("namespace", "owner", "key", "fingerprint", "method", "path", "status"),
-        *("lease_token", "created_at", "expires_at", "completed_at"),
+        *("lease_token", "created_at", "expires_at", "completed_at", "operation"),
         *("response_status", "response_reason", "response_headers", "response_body"),
     }
 
@@ -328,6 +329,7 @@ def test_use_tz_false_a_retry_in_the_repeated_hour_is_replayed(
     redis_store: RedisStore, naive_paris_time: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(timezone, "now", in_the_repeated_hour)
+    monkeypatch.setattr(redis_store, "now", in_the_repeated_hour)  # The clock claims are on.
 
     with override_settings(IDEMPOTENCY_TTL=timedelta(minutes=10)):
         first = post(Client(), URL)
@@ -536,12 +538,35 @@ def test_a_response_too_few_replicas_acknowledged_is_stored_sent_and_logged(
 
     assert kept
     assert (the_record().status, the_record().response_body) == ("completed", b"{}")
+    # The key's hash, as every other log line: a client's key may carry its data.
+    assert not [r for r in caplog.records if SCOPE.key in r.getMessage()]
     assert logged(caplog, logging.WARNING) == [
-        f"The stored response of 'key-1' reached {TOO_MANY_REPLICAS - 1} of the"
-        f" {TOO_MANY_REPLICAS} replicas IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within 0.05 s:"
-        " it is sent, but a fail-over of its primary before they catch up loses it, and a retry"
-        " runs the view again once the lease ends."
+        f"The stored response of key_hash={key_hash(SCOPE.key)} reached {TOO_MANY_REPLICAS - 1}"
+        f" of the {TOO_MANY_REPLICAS} replicas IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within"
+        " 0.05 s: it is sent, but a fail-over of its primary before they catch up loses it, and a"
+        " retry runs the view again once the lease ends."
     ]
+
+
+def test_a_resume_too_few_replicas_acknowledged_keeps_the_operation_for_the_next_retry(
+    redis_store: RedisStore,
+) -> None:
+    crashed = redis_store.begin(replace(claim_request(), now=timezone.now() - timedelta(hours=1)))
+    assert redis_store.save_steps(crashed, {"charge": b"1"})  # Then its worker died.
+    with (
+        override_settings(
+            IDEMPOTENCY_REDIS_WAIT_REPLICAS=TOO_MANY_REPLICAS,
+            IDEMPOTENCY_REDIS_WAIT_TIMEOUT=SHORT_WAIT,
+        ),
+        pytest.raises(StoreUnavailable),
+    ):
+        redis_store.begin(claim_request())  # Resumed, then refused: given back.
+
+    retry = redis_store.begin(claim_request())
+
+    # Given back by ending its lease, not by deleting the record: the operation goes on.
+    assert retry.outcome is Outcome.FRESH
+    assert (retry.operation_id, retry.steps) == (crashed.operation_id, {"charge": b"1"})
 
 
 @pytest.mark.redis_cluster_nodes  # Replicas to wait for.

@@ -22,12 +22,12 @@ from django.test.client import AsyncClient
 from django.utils import timezone
 
 from django_idempotency import idempotent_function, signals
-from django_idempotency.core.outcomes import Scope
+from django_idempotency.core.outcomes import Claim, Scope
 from django_idempotency.purge import PurgeReport, purge_expired_records
 from django_idempotency.stores.cache import CacheTier
 from tests.factories import IdempotencyRecordFactory
 from tests.models import Charge
-from tests.stores import hold
+from tests.stores import hold, take_over_running, the_record
 from tests.utils import ViewKind, assert_problem, post, redis_caches
 
 
@@ -275,7 +275,10 @@ def test_without_the_cache_tier_no_lookup_is_signalled(
 def leftovers() -> None:
     past = timezone.now() - timedelta(minutes=5)
     IdempotencyRecordFactory.create_batch(3, expires_at=past)
-    IdempotencyRecordFactory.create_batch(2, in_progress=True, lease_expires_at=past)
+    # Abandoned claims past their expiry (a crashed claim within its TTL stays for its retry).
+    IdempotencyRecordFactory.create_batch(
+        2, in_progress=True, lease_expires_at=past, expires_at=past
+    )
     IdempotencyRecordFactory(namespace="refunds", expires_at=past)
     IdempotencyRecordFactory()  # Live: never purged.
 
@@ -333,3 +336,30 @@ def test_a_failing_receiver_never_fails_a_lookup_or_a_purge_and_is_logged(
     failures = [record for record in caplog.records if record.name == "django.dispatch"]
     assert len(failures) == 3  # The miss, the hit and the purge.
     assert all("broken_receiver" in record.getMessage() for record in failures)
+
+
+class Interrupted(Exception):
+    """The work failed after its key was taken over."""
+
+
+@idempotent_function(key="key", mode="lease", lease=60)
+def taken_over_then_failing(key: str) -> None:
+    new_owners.append(take_over_running())
+    raise Interrupted
+
+
+new_owners: list[Claim] = []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_that_matched_nothing_is_not_announced(
+    store: str, received: list[tuple[str, dict[str, Any]]]
+) -> None:
+    # Its claim was taken over: the fenced release left the new owner's record as it is, and
+    # `released` would have ended the new owner's span and counted a release that never was.
+    new_owners.clear()
+    with pytest.raises(Interrupted):
+        taken_over_then_failing(key="taken-1")
+
+    assert [outcome for outcome, _ in received] == ["claimed"]
+    assert the_record().status == "in_progress"  # The new owner's claim, untouched.

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from cryptography.fernet import Fernet
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, override_settings
 from django.urls import path
+from django.utils import timezone
 
 from django_idempotency import idempotent, idempotent_function
 from django_idempotency.attempts import current_attempt
@@ -23,7 +24,7 @@ from django_idempotency.encryption import UnreadableResponse
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.purge import purge_expired_records
 from django_idempotency.steps import astep, current_step_name, step
-from tests.stores import stored, the_record
+from tests.stores import expire_all, stored, the_record
 from tests.utils import post
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
@@ -146,18 +147,33 @@ def test_a_different_request_taking_over_the_abandoned_record_starts_without_its
 
 
 @pytest.mark.parametrize("store", ["database", "memory"], indirect=True)
-def test_the_stored_steps_go_with_the_purge_of_their_abandoned_record(store: str) -> None:
+def test_the_stored_steps_stay_through_the_purge_for_the_retry_to_resume(store: str) -> None:
     # (The Redis store's records, steps included, are removed by Redis when they expire.)
     fail_at.add("ship")
     with pytest.raises(Crash):
         order(key="o-1", amount=3)
     fail_at.clear()
 
+    purged = purge_expired_records()  # The attempt's lease is over, its record not expired.
+
+    assert purged.total == 0
+    assert order(key="o-1", amount=3) == {"shipped": 300}
+    assert calls == {"charge": 1, "ship": 2}  # Resumed after the charge, not charged again.
+
+
+@pytest.mark.parametrize("store", ["database", "memory"], indirect=True)
+def test_the_stored_steps_go_with_the_purge_once_their_record_expired(store: str) -> None:
+    fail_at.add("ship")
+    with pytest.raises(Crash):
+        order(key="o-1", amount=3)
+    fail_at.clear()
+    expire_all(timezone.now())
+
     purged = purge_expired_records()
 
     assert purged.abandoned == 1 and stored() == []
     assert order(key="o-1", amount=3) == {"shipped": 300}
-    assert calls == {"charge": 2, "ship": 2}  # Nothing left to resume from.
+    assert calls == {"charge": 2, "ship": 2}  # Expired: the key is a new operation.
 
 
 def test_an_async_function_resumes_after_its_completed_astep(store: str) -> None:
@@ -241,3 +257,41 @@ def test_a_stored_step_no_configured_key_opens_is_an_error_not_a_second_run(
         order(key="secret-2", amount=7)
 
     assert calls == {"charge": 1, "ship": 1}  # The charge is never made again.
+
+
+def test_a_step_sealed_with_a_key_this_server_lacks_is_a_problem_then_resumes_where_it_has_it(
+    store: str,
+) -> None:
+    # A key rotation rolled out server by server: the new key is first on one server, which
+    # sealed the step; the retry reaches a server still on the old list (a 500 until now).
+    old, new = Fernet.generate_key(), Fernet.generate_key()
+    fail_at.add("ship")
+    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[new, old]), pytest.raises(Crash):
+        post(Client(), "/orders/", {"amount": 3}, key="rolled-1")
+    fail_at.clear()
+
+    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[old]):
+        refused = post(Client(), "/orders/", {"amount": 3}, key="rolled-1")
+    assert refused.status_code == 410
+    assert refused["Content-Type"] == "application/problem+json"
+    assert "not run again" in refused.json()["detail"]
+    assert calls == {"charge": 1, "ship": 1}
+
+    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[new, old]):
+        resumed = post(Client(), "/orders/", {"amount": 3}, key="rolled-1")
+    assert resumed.status_code == 201 and resumed.json() == {"shipped": 300}
+    assert calls == {"charge": 1, "ship": 2}
+
+
+@idempotent_function(key="key", payload=["amount"], mode="lease")
+async def order_with_a_sync_step(key: str, amount: int) -> int:
+    return step("charge", charge_card, amount).charge
+
+
+def test_a_sync_step_in_async_code_is_refused_before_its_work_runs(store: str) -> None:
+    # Its result could not be stored there (Django refuses queries in an event loop): the work
+    # ran, the save failed, the key was released, and each retry ran the work again.
+    for _ in range(2):
+        with pytest.raises(SynchronousOnlyOperation, match="astep"):
+            async_to_sync(order_with_a_sync_step)(key="s-1", amount=2)
+    assert calls["charge"] == 0

@@ -156,7 +156,7 @@ def test_a_response_over_the_limit_is_kept_without_its_body_and_never_runs_again
     assert first.status_code == 200
     assert len(first.content) == 1024  # The first client gets the whole response.
     problem = assert_problem(retry, 410, "response-not-stored")
-    assert problem["title"] == "Response too large to replay"
+    assert problem["title"] == "Response not stored"
     assert problem["detail"] == (
         "The first request with this key completed with status 200, but its response (1024 "
         "bytes) was too large to keep, so it cannot be replayed. It was not run again: read its "

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
+from django.db import connection, connections, transaction
+from django.db.models import F
 from django.test import override_settings
 
 from django_idempotency.core.outcomes import Scope
@@ -35,6 +39,40 @@ class TestDatabaseStore(StoreContract):
         ).delete()
         store.forget([scope])
 
+    @contextlib.contextmanager
+    def record_locked(self, store: BaseStore, scope: Scope) -> Iterator[bool]:
+        """Another connection's transaction holds the record's row (SELECT … FOR UPDATE); on
+        SQLite, which has no row locks, the whole database, by writing to the record."""
+        locked, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            try:
+                with transaction.atomic():
+                    record = IdempotencyRecord.objects.select_for_update().filter(
+                        namespace=scope.namespace, owner=scope.owner, key=scope.key
+                    )
+                    record.update(fingerprint=F("fingerprint"))
+                    locked.set()
+                    done.wait(30)
+            finally:
+                connections.close_all()  # This thread's own.
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        sqlite = connection.vendor == "sqlite"
+        try:
+            assert locked.wait(10)
+            if sqlite:  # The renewal waits for the writer this long, not its default 5 s.
+                with connection.cursor() as cursor:
+                    cursor.execute("PRAGMA busy_timeout = 100")
+            yield True
+        finally:
+            done.set()
+            holder.join(30)
+            if sqlite:
+                with connection.cursor() as cursor:
+                    cursor.execute("PRAGMA busy_timeout = 5000")
+
 
 class TestCacheTierOnLocMem(TestDatabaseStore):
     """The cache tier in front of the database store, its copies in Django's LocMemCache."""
@@ -63,6 +101,9 @@ class TestRedisStore(StoreContract):
     def store(self) -> Iterator[BaseStore]:
         with using_store("redis"):
             yield get_store()
+
+    def make_store(self) -> BaseStore:
+        return RedisStore()  # On the Redis the `store` fixture set up.
 
     def forget_record(self, store: BaseStore, scope: Scope) -> None:
         assert isinstance(store, RedisStore)

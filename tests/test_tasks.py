@@ -36,7 +36,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:Depreca
 def records() -> dict[str, set[int]]:
     past = timezone.now() - timedelta(minutes=5)
     expired = IdempotencyRecordFactory.create_batch(3, expires_at=past)
-    abandoned = IdempotencyRecordFactory.create_batch(2, in_progress=True, lease_expires_at=past)
+    # Abandoned claims past their expiry (a crashed claim within its TTL stays for its retry).
+    abandoned = IdempotencyRecordFactory.create_batch(
+        2, in_progress=True, lease_expires_at=past, expires_at=past
+    )
     other = IdempotencyRecordFactory.create_batch(2, expires_at=past, namespace="refunds")
     live = [IdempotencyRecordFactory(), IdempotencyRecordFactory(in_progress=True)]
     return {

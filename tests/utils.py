@@ -6,6 +6,8 @@ import contextlib
 import enum
 import json
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -195,3 +197,11 @@ def asgi_post(path: str, key: str) -> dict[str, Any]:
         "client": ("127.0.0.1", 1),
         "server": ("testserver", 80),
     }
+
+
+def wait_for(condition: Callable[[], bool], seconds: float) -> None:
+    """Poll `condition` until it holds; fail once `seconds` have passed without it."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

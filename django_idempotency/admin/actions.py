@@ -15,7 +15,6 @@ from django.db import InterfaceError, OperationalError, router, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
@@ -153,11 +152,12 @@ class RecordActions(RecordAdminBase):
                         preview.expired,
                     )
                     % {"count": preview.expired},
+                    # Only expired ones: a crashed attempt's record stays for its retry.
                     ngettext(
-                        "%(count)d abandoned in-progress record (its lease ran out) will be "
-                        "purged.",
-                        "%(count)d abandoned in-progress records (their leases ran out) will be "
-                        "purged.",
+                        "%(count)d abandoned in-progress record (expired, its lease run out) "
+                        "will be purged.",
+                        "%(count)d abandoned in-progress records (expired, their leases run "
+                        "out) will be purged.",
                         preview.abandoned,
                     )
                     % {"count": preview.abandoned},
@@ -211,7 +211,7 @@ class RecordActions(RecordAdminBase):
                 count,
             ) % {"count": count}
 
-        claims = _abandoned_claims(timezone.now())
+        claims = _abandoned_claims(get_store().now())  # By the store's clock, as claims are.
         return self._confirm_deletion(request, "release_abandoned", claims, question, done)
 
     def _confirm_deletion(

@@ -33,16 +33,22 @@ class OutboundCallAdmin(OutboundCallAdminBase):
     ]
     list_filter = ["outcome", "host", "replayed"]
     # Keys are pasted whole; targets are searched by their beginning (https://bank.example/…).
-    search_fields = ["key__exact", "operation_key__exact", "target__startswith"]
+    search_fields = [
+        "key__exact",
+        "operation_key__exact",
+        "operation_id__exact",
+        "target__startswith",
+    ]
     search_help_text = _(
-        "Exact key or operation key, or the beginning of a target (https://api.example.com/…)."
+        "Exact key, operation key or operation, or the beginning of a target"
+        " (https://api.example.com/…)."
     )
     ordering = ["-id"]  # Newest first, by the primary key's index.
     show_full_result_count = False
     fieldsets = [
         (None, {"fields": ["key", "outcome", "replayed"]}),
         (_("Request"), {"fields": ["method", "target", "host", "step"]}),
-        (_("Operation"), {"fields": ["namespace", "owner", "operation_key"]}),
+        (_("Operation"), {"fields": ["namespace", "owner", "operation_key", "operation_id"]}),
         (_("Attempts"), {"fields": ["attempts", "last_status", "last_error"]}),
         (_("Timestamps"), {"fields": ["created_at", "updated_at"]}),
     ]
@@ -57,6 +63,7 @@ class OutboundCallAdmin(OutboundCallAdminBase):
         "namespace",
         "owner",
         "operation_key",
+        "operation_id",
         "attempts",
         "last_status",
         "last_error",

@@ -87,7 +87,7 @@ class IdempotencyRecordAdmin(RecordActions):
     change_list_template = "django_idempotency/admin/change_list.html"
     change_form_template = "django_idempotency/admin/change_form.html"
     fieldsets = [
-        (None, {"fields": ["key", "namespace", "owner", "status", "expired"]}),
+        (None, {"fields": ["key", "namespace", "owner", "status", "expired", "operation_id"]}),
         (_("Request"), {"fields": ["method", "path", "fingerprint"]}),
         (_("Response"), {"fields": ["response_status", "headers_table", "body_preview"]}),
         (_("Lease"), {"fields": ["lease_holder", "lease_expires_at"]}),
@@ -99,6 +99,7 @@ class IdempotencyRecordAdmin(RecordActions):
         "owner",
         "status",
         "expired",
+        "operation_id",
         "method",
         "path",
         "fingerprint",

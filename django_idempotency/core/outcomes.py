@@ -33,6 +33,20 @@ class StoredResponse:
     reason: str = ""  # A reason phrase the view chose; empty for the status's standard one.
 
 
+# The only header of the record of a result the store refused (a value it cannot hold): its
+# value says why. Not a field name (RFC 9110 tokens have no colon), so no view can set it.
+NOT_STORED_HEADER = ":not-stored"
+
+
+def not_stored(result: StoredResponse, why: str) -> StoredResponse:
+    """What is kept of a result the store refused: its status, and that it ran."""
+    return StoredResponse(result.status, [(NOT_STORED_HEADER, why[:200])])
+
+
+def is_not_stored(result: StoredResponse) -> bool:
+    return bool(result.headers) and result.headers[0][0] == NOT_STORED_HEADER
+
+
 @dataclass(frozen=True)
 class Scope:
     """Where a key lives: keys of different namespaces or owners never meet."""
@@ -60,6 +74,10 @@ class Claim:
     # Steps a crashed attempt of the same operation completed (name: stored result), carried
     # by the FRESH claim that took its record over; empty for every other claim.
     steps: dict[str, bytes] = field(default_factory=dict)
+    # The identity of the operation a FRESH claim runs (a ULID): new with every new record, the
+    # one it carries on when it resumes the same request's crashed attempt; outbound keys derive
+    # from it. Empty for a record made before identities were kept; None on other claims.
+    operation_id: str | None = None
 
 
 def is_abandoned(

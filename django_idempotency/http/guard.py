@@ -21,11 +21,12 @@ from django_idempotency.conf import conf, require_installed
 from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
-from django_idempotency.encryption import UnreadableResponse
+from django_idempotency.encryption import UnreadableResponse, UnreadableStep
 from django_idempotency.exceptions import DeliveryRejected, LeaseLost, StoreNotSupported
 from django_idempotency.http import problems
 from django_idempotency.http.credentials import answers_credentials
 from django_idempotency.http.options import Options, Resolved, resolve
+from django_idempotency.http.owners import OwnerUnknown
 
 # Defined in problems.py now; still importable from here, where they were.
 from django_idempotency.http.problems import BODY_ERRORS as BODY_ERRORS
@@ -109,6 +110,9 @@ class Guard(contextlib.ExitStack):
         except DatabaseError as exc:
             logger.error("The request's owner could not be loaded: %s", exc)
             return problems.store_unavailable()
+        except OwnerUnknown as exc:
+            logger.error("Request owner unknown: %s", exc)
+            return problems.owner_unknown()
         if len(owner) > MAX_OWNER_LENGTH or "\x00" in owner:
             return problems.problem_response(
                 problems.INVALID_OWNER,
@@ -226,9 +230,10 @@ class Guard(contextlib.ExitStack):
         except Exception:
             if attempt.atomic:  # The view's writes roll back with the claim: nothing happened.
                 raise
-            # Lease mode: the view's work is done; the client gets its answer, and the key was
-            # given back so that a retry is not held off until the lease ends.
-            logger.exception("The response could not be stored; the key was released")
+            # Lease mode: the view's work is done, and the client gets its answer. Not even a
+            # record that it ran could be stored: the claim ends with its lease (never given
+            # back sooner, which would let a retry run the view again at once).
+            logger.exception("The response could not be stored, nor a record that it ran")
         return response
 
     def _answers_credentials(self) -> bool:
@@ -274,6 +279,14 @@ def _taken_over(exc: LeaseLost) -> HttpResponseBase:
     now holding the key does the work, and this client's retry gets its answer."""
     logger.warning("A guarded view stopped: %s", exc)
     return problems.lease_lost()
+
+
+def _unreadable_step(exc: UnreadableStep) -> HttpResponseBase:
+    """A resumed step's stored result could not be opened here: answered as a stored response
+    that cannot be opened is, the step not run again. Its record keeps the steps, its lease
+    ended, so that a retry reaching a server with the key resumes after them."""
+    logger.error("A guarded view could not resume its stored steps: %s", exc)
+    return problems.step_not_decryptable()
 
 
 def _store_lost(guard: Guard) -> bool:
@@ -334,6 +347,8 @@ def _run(
             return guard.finish(call())
     except LeaseLost as exc:
         return _taken_over(exc)
+    except UnreadableStep as exc:
+        return _unreadable_step(exc)
     except StoreUnavailable:
         # Atomic mode: the commit (or the view's own queries) lost the database; nothing was kept.
         return problems.store_unavailable()
@@ -430,6 +445,8 @@ async def _run_guarded(
         await sync_to_async(guard.abort)()
         if isinstance(exc, LeaseLost):
             return _taken_over(exc)
+        if isinstance(exc, UnreadableStep):
+            return _unreadable_step(exc)
         if not isinstance(exc, Exception) or not _store_lost(guard):
             raise
         return problems.store_unavailable()

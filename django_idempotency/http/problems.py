@@ -40,8 +40,11 @@ STORE_MISCONFIGURED = ProblemKind("store-misconfigured", 500, "Idempotency store
 # A decorator the system check reports (E024), in a project started without the checks: the
 # view cannot run guarded, so it does not run at all.
 VIEW_MISCONFIGURED = ProblemKind("view-misconfigured", 500, "Idempotent view misconfigured")
+# An authentication that names no client (Ninja's `auth=` returning True): the key cannot be
+# scoped, and scoped by nobody it would be every such client's. The server's code must change.
+OWNER_UNKNOWN = ProblemKind("owner-unknown", 500, "Request owner unknown")
 DELIVERY_REJECTED = ProblemKind("delivery-rejected", 400, "Webhook delivery not verified")
-RESPONSE_NOT_STORED = ProblemKind("response-not-stored", 410, "Response too large to replay")
+RESPONSE_NOT_STORED = ProblemKind("response-not-stored", 410, "Response not stored")
 RESPONSE_NOT_DECRYPTABLE = ProblemKind(
     "response-not-decryptable", 410, "Stored response cannot be decrypted"
 )
@@ -57,6 +60,7 @@ ALL_KINDS = (
     STORE_UNAVAILABLE,
     STORE_MISCONFIGURED,
     VIEW_MISCONFIGURED,
+    OWNER_UNKNOWN,
     DELIVERY_REJECTED,
     RESPONSE_NOT_STORED,
     RESPONSE_NOT_DECRYPTABLE,
@@ -176,6 +180,19 @@ def view_misconfigured() -> ProblemResponse:
     )
 
 
+def owner_unknown() -> ProblemResponse:
+    """The answer of a request authenticated by nothing that names its client (the log says
+    what was returned and what to change): it was not run, as its key could not be scoped. No
+    Retry-After: retrying changes nothing."""
+    return problem_response(
+        OWNER_UNKNOWN,
+        "This request was authenticated, but by nothing that tells its client from another, so"
+        " it was not run: its idempotency key would be shared with every other client. The"
+        " server's developer must return the user, a model instance or a string naming the"
+        " client from the authentication, or set IDEMPOTENCY_OWNER_RESOLVER.",
+    )
+
+
 def unusable_store(exc: Exception | None) -> ProblemResponse | None:
     """Log why the store failed and answer it: 500 for a deployment error (see
     `log_unreachable`), else 503 (None when `exc` is None and the table is there: the caller
@@ -192,6 +209,17 @@ def not_decryptable(status: int) -> ProblemResponse:
         f"The first request with this key completed with status {status}, but its stored "
         "response was encrypted with a key the server no longer has, so it cannot be replayed. "
         "It was not run again: read its result from the API instead.",
+    )
+
+
+def step_not_decryptable() -> ProblemResponse:
+    """The answer to a retry that resumes an operation whose stored step no configured key can
+    decrypt (a key rotation not yet rolled out to this server, or a key removed too soon)."""
+    return problem_response(
+        RESPONSE_NOT_DECRYPTABLE,
+        "The first request with this key completed some of its steps, but their stored results "
+        "were encrypted with a key this server does not have, so it cannot resume them. They "
+        "were not run again; the request can resume once every server has that key.",
     )
 
 

@@ -9,7 +9,7 @@ from http.client import responses
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 
-from django_idempotency.core.outcomes import StoredResponse
+from django_idempotency.core.outcomes import StoredResponse, is_not_stored
 from django_idempotency.http import problems
 
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -61,6 +61,13 @@ def without_body(stored: StoredResponse) -> StoredResponse:
 
 
 def replay(stored: StoredResponse) -> HttpResponse:
+    if is_not_stored(stored):
+        return problems.problem_response(
+            problems.RESPONSE_NOT_STORED,
+            f"The first request with this key completed with status {stored.status}, but its "
+            "response could not be stored (the store refused a value in it), so it cannot be "
+            "replayed. It was not run again: read its result from the API instead.",
+        )
     omitted = next((value for name, value in stored.headers if name == BODY_NOT_STORED), None)
     if omitted is not None:
         return _not_stored(stored, omitted)

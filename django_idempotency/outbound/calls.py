@@ -117,6 +117,7 @@ class Exchange:
                     host=self.host,
                     step=self.choice.step,
                     scope=self.choice.scope,
+                    operation_id=self.choice.operation_id,
                 )
         self.attempt += 1
         self._sent = time.perf_counter()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from django.core.exceptions import ImproperlyConfigured
+
 from django_idempotency.attempts import current_attempt
 from django_idempotency.core.keys import mint_key
 from django_idempotency.core.outcomes import Scope
@@ -24,17 +26,34 @@ class OutsideOperation(ValueError):
 
 def key_for(step: str, *parts: str | int | uuid.UUID, namespace: str = "default") -> str:
     """The key for step `step` of the operation running now (a guarded view, an
-    `@idempotent_function`, an `idempotent_task`): the same on every run of that operation, on
-    every machine. Outside an operation, the caller's `parts` stand for it.
+    `@idempotent_function`, an `idempotent_task`): the same on every run of that operation (its
+    crashed attempt and the same request's retry), on every machine, and never the key of
+    another operation, even one under the same client key. Outside an operation, the caller's
+    `parts` stand for it.
 
-    Inside one: ``mint_key(scope.namespace, "owner:" + scope.owner, scope.key, step, *parts,
-    namespace=namespace)`` of the claim's scope. Outside: ``mint_key(step, *parts,
-    namespace=namespace)``. Give each downstream API its own `namespace`.
+    Inside one: ``mint_key(scope.namespace, "owner:" + scope.owner, scope.key, "operation:" +
+    operation_id, step, *parts, namespace=namespace)`` of the claim's scope and the
+    operation's identity (without the "operation:" part for a record made before identities
+    were kept, which has none). Outside: ``mint_key(step, *parts, namespace=namespace)``.
+    Give each downstream API its own `namespace`.
     """
     attempt = current_attempt()
-    scope = attempt.scope if attempt is not None else None
-    if scope is not None:
-        return mint_key(*operation_parts(scope), step, *parts, namespace=namespace)
+    if attempt is not None and attempt.scope is not None:
+        if attempt.atomic:
+            # Its record is rolled back with a failure, its identity with it: the retry would be
+            # a new operation, sending another key for a call that may have been made.
+            raise ImproperlyConfigured(
+                f"key_for({step!r}) derives a key inside an atomic-mode operation, whose record "
+                "is rolled back with the transaction when it fails, so its retry would send the "
+                "downstream another key, and a call already made would be made again. Use "
+                "mode='lease' on the view, function or task that makes outbound calls, or send "
+                "a key of your own (an Idempotency-Key header on the request)."
+            )
+        # The operation must now outlive a failure of this attempt, for its retry to send
+        # this key again.
+        attempt.identity_shared = True
+        operation = operation_parts(attempt.scope, attempt.operation_id)
+        return mint_key(*operation, step, *parts, namespace=namespace)
     if not parts:
         raise OutsideOperation(
             f"No idempotent operation is running to derive the key of step {step!r} from: "
@@ -45,10 +64,13 @@ def key_for(step: str, *parts: str | int | uuid.UUID, namespace: str = "default"
     return mint_key(step, *parts, namespace=namespace)
 
 
-def operation_parts(scope: Scope) -> tuple[str, str, str]:
+def operation_parts(scope: Scope, operation_id: str | None) -> tuple[str, ...]:
+    """What identifies an operation in the keys derived from it: its scope, and its identity
+    (none for a record made before identities were kept: its keys derive as they did then)."""
     # The owner is empty for anonymous requests, which mint_key refuses as a part: prefixed,
     # every owner is a distinct non-blank part.
-    return scope.namespace, f"owner:{scope.owner}", scope.key
+    parts = (scope.namespace, f"owner:{scope.owner}", scope.key)
+    return (*parts, f"operation:{operation_id}") if operation_id else parts
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,7 @@ class KeyChoice:
     key: str | None
     step: str = ""  # The step it was derived from; empty for the caller's own key.
     scope: Scope | None = None  # The operation it belongs to, if any.
+    operation_id: str = ""  # That operation's identity; empty outside one (or with none).
 
 
 def choose_key(
@@ -67,11 +90,13 @@ def choose_key(
     method one derived from the step the caller named (or the step running now)."""
     attempt = current_attempt()
     scope = attempt.scope if attempt is not None else None
+    operation_id = (attempt.operation_id if attempt is not None else None) or ""
     if given_key is not None:
-        return KeyChoice(given_key, scope=scope)
+        return KeyChoice(given_key, scope=scope, operation_id=operation_id)
     if method.upper() in SAFE_METHODS:
         return KeyChoice(None)
     step = given_step or current_step_name()
     if step is None:
-        return KeyChoice(None, scope=scope)
-    return KeyChoice(key_for(step, namespace=namespace), step=step, scope=scope)
+        return KeyChoice(None, scope=scope, operation_id=operation_id)
+    key = key_for(step, namespace=namespace)
+    return KeyChoice(key, step=step, scope=scope, operation_id=operation_id)

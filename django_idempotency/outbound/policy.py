@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ RETRIED_STATUSES = frozenset({409, 429, 502, 503, 504})
 WRONG_REQUEST_STATUSES = frozenset({400, 422})
 # A downstream's own say on retrying, where one is common: Stripe's.
 SHOULD_RETRY_HEADER = "Stripe-Should-Retry"
+# Retry-After's delta-seconds (RFC 9110 §10.2.3): one or more ASCII digits.
+_DELTA_SECONDS = re.compile(r"[0-9]+")
 
 
 class Failure(enum.Enum):
@@ -144,13 +147,15 @@ def retry_after(value: str | None, now: float) -> float | None:
     there is none or it cannot be read."""
     if value is None:
         return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
+    value = value.strip(" \t")
+    # By RFC 9110's grammar, ASCII digits only: str.isdigit() also takes "²" or "٣", which
+    # float() refuses.
+    if _DELTA_SECONDS.fullmatch(value):
+        return float(value)  # inf for absurd lengths: over any cap.
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        if when.tzinfo is None:  # An HTTP date is always GMT ("-0000" parses without a zone).
+            when = when.replace(tzinfo=UTC)
+        return max(0.0, when.timestamp() - now)
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    if when.tzinfo is None:  # An HTTP date is always GMT ("-0000" parses without a zone).
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, when.timestamp() - now)

@@ -10,9 +10,11 @@ from django_idempotency.stores.base import (
     ClaimRequest,
     PurgeOptions,
     PurgeResult,
+    RecordLocked,
     ResponseTooLarge,
     StoreBusy,
     StoreUnavailable,
+    UnstorableResponse,
 )
 
 __all__ = [
@@ -20,9 +22,11 @@ __all__ = [
     "ClaimRequest",
     "PurgeOptions",
     "PurgeResult",
+    "RecordLocked",
     "ResponseTooLarge",
     "StoreBusy",
     "StoreUnavailable",
+    "UnstorableResponse",
     "get_store",
 ]
 

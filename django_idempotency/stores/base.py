@@ -8,6 +8,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.utils import timezone
+
+from django_idempotency.core.keys import new_key
 from django_idempotency.core.outcomes import (
     Claim,
     Outcome,
@@ -18,6 +21,7 @@ from django_idempotency.core.outcomes import (
     is_abandoned,
 )
 from django_idempotency.exceptions import StoreUnavailable
+from django_idempotency.stores.clocks import later
 
 __all__ = [
     "BaseStore",
@@ -26,13 +30,16 @@ __all__ = [
     "PurgeOptions",
     "PurgeResult",
     "Record",
+    "RecordLocked",
     "ResponseTooLarge",
     "StoreBusy",
     "StoreUnavailable",
+    "UnstorableResponse",
     "after_response",
     "between_steps",
     "fresh_claim",
     "interleave",
+    "new_operation_id",
     "until_sent",
 ]
 
@@ -42,7 +49,20 @@ class StoreBusy(Exception):
     is busy elsewhere): the request is answered as if its key were in progress."""
 
 
-class ResponseTooLarge(Exception):
+class RecordLocked(StoreUnavailable):
+    """A write that would have waited for a lock another transaction holds on the record (the
+    work's own transaction around a step, or one of the project's): not made. The store is
+    reachable; like an unreachable one, it is tried again later (a lease renewal at the next
+    beat), and the claim stays the caller's until its lease ends."""
+
+
+class UnstorableResponse(Exception):
+    """`complete` refused a response before writing anything: a value the store cannot hold
+    (a NUL character in a header for PostgreSQL's JSON, say). The claim is still held, and
+    still in progress: the caller completes it with what the store takes."""
+
+
+class ResponseTooLarge(UnstorableResponse):
     """`complete` refused a response for its size (larger than the database takes in one
     statement). The claim is still held, and still in progress: the caller may complete it with
     less (the HTTP guard stores the status and headers without the body)."""
@@ -53,7 +73,7 @@ class PurgeResult:
     """What a purge deleted (or, in a dry run, would delete)."""
 
     expired: int = 0  # Records past their expiry.
-    abandoned: int = 0  # In-progress claims whose lease ran out: their worker is gone.
+    abandoned: int = 0  # In-progress claims past their expiry whose lease ran out.
     batches: int = 0
 
     @property
@@ -91,11 +111,11 @@ class ClaimRequest:
     @property
     def lease_expires_at(self) -> datetime | None:
         """When the lease this claim would take runs out; None in atomic mode."""
-        return None if self.lease is None else self.now + self.lease
+        return None if self.lease is None else later(self.now, self.lease)
 
     @property
     def expires_at(self) -> datetime:
-        return self.now + self.ttl
+        return later(self.now, self.ttl)
 
 
 class BaseStore:
@@ -113,9 +133,11 @@ class BaseStore:
       commit with it.
     - `lookup` may answer a replay (or mismatch) from a faster copy before any transaction is
       opened; None sends the request on to `begin`.
-    - `purge` deletes expired records and abandoned claims (in progress, lease run out) in
-      short batches, each its own transaction, calling `forget` (by default `self.forget`)
-      with each batch's scopes. A backend that expires records itself returns an empty result.
+    - `purge` deletes expired records (`expires_at` at or before `now`) not held by a live
+      lease, in short batches, each its own transaction, calling `forget` (by default
+      `self.forget`) with each batch's scopes. An abandoned claim (in progress, lease run out)
+      stays until it expires: the same request's retry resumes it, operation and steps. A
+      backend that expires records itself returns an empty result.
     - `forget` drops any copies kept outside the store of record (the cache tier's).
     - Where reading a held key and taking it over are separate steps, the store calls
       `between_steps("take-over")` after the read that found the record abandoned and before
@@ -126,10 +148,27 @@ class BaseStore:
       `now`, to end it) and `save_steps` stores the results of the steps the work completed
       (name: bytes; every step so far, a superset of what was saved before). Both act only while
       the claim still holds its lease token and is in progress, and return whether they did;
-      `renew` then sets `claim.lease_expires_at`. Steps belong to the claim's record: purged
+      `renew` then sets `claim.lease_expires_at`. Outside a transaction of the caller's (the
+      heartbeat's renewals), `renew` never waits for a lock another transaction holds on the
+      record: it raises `RecordLocked`, and is tried again at the next beat. `save_steps` with
+      `until` also sets the lease's end to it in the same fenced write (and, if it acted,
+      `claim.lease_expires_at`, as `renew` does): a step saved inside
+      the caller's transaction keeps the record locked until that transaction ends, and nobody
+      else can renew the lease meanwhile. Steps belong to the claim's record: purged
       with it, and carried (`Claim.steps`) only by the FRESH claim that takes over an
       abandoned in-progress record of the same request (fingerprint, method and path). A store
       without them raises NotImplementedError: its leases are not renewed, and steps refused.
+    - Every record is an operation with an identity (`Claim.operation_id` of its FRESH claim,
+      from `new_operation_id`), kept with the record: new whenever a record is written for a
+      new operation (a new key, and the take-over of an expired, completed or another request's
+      record), and carried on, as the steps are, only by the take-over that resumes the same
+      request's abandoned attempt. Outbound keys derive from it.
+    - `now` is the store's current time, as `django.utils.timezone.now()` gives a moment
+      (aware UTC with USE_TZ, naive local time without). Every `now` the callers pass (to
+      `begin`, `complete`, `renew`'s `until`, `purge`) is read from it, so that servers whose
+      own clocks differ agree on when a lease or a record ends. The default is the process's
+      clock: right for a store that one process keeps; a store that servers share returns its
+      own (`stores.clocks.StoreClock` reads it now and then and counts the time in between).
     - `atomic` is the transaction atomic mode runs the view in. It yields whether it opened that
       transaction itself; if so, `discard` rolls the view's work back with the claim. If not (a
       caller's transaction was already open) the claim joins it, and is released on failure.
@@ -139,6 +178,15 @@ class BaseStore:
     # False for a store whose records live in one process's memory (the memory store): the HTTP
     # guard refuses it under a server that says several processes serve the site.
     shared_between_processes = True
+    # True for a store whose connections, under gevent, belong to the thread that opened them
+    # and are shared by the process's threads (redis-py's pool): the heartbeat, a native
+    # thread there, then cannot renew its leases. Django's database connections are each
+    # thread's own.
+    greenlet_bound_connections = False
+
+    def now(self) -> datetime:
+        """The store's current time: the one clock that decides when leases and records end."""
+        return timezone.now()
 
     def lookup(self, request: ClaimRequest) -> Claim | None:
         return None
@@ -159,7 +207,9 @@ class BaseStore:
     def renew(self, claim: Claim, until: datetime) -> bool:
         raise NotImplementedError
 
-    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
+    def save_steps(
+        self, claim: Claim, steps: Mapping[str, bytes], until: datetime | None = None
+    ) -> bool:
         raise NotImplementedError
 
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
@@ -186,14 +236,22 @@ class BaseStore:
         action()
 
 
+def new_operation_id() -> str:
+    """The identity of a new operation: a ULID, minted with its record."""
+    return new_key()
+
+
 def fresh_claim(
     request: ClaimRequest,
     token: str,
     record_id: int | None = None,
     steps: Mapping[str, bytes] | None = None,
+    operation_id: str | None = None,
 ) -> Claim:
     """The claim of a request that now holds its key under `token` (in the record `record_id`,
-    for a store with row ids), with the `steps` it carries from an attempt it took over."""
+    for a store with row ids), with the `steps` it carries from an attempt it took over, for
+    the operation `operation_id` the record keeps (a new one if the store keeps none: then a
+    resumed attempt is a new operation to the APIs it calls)."""
     return Claim(
         Outcome.FRESH,
         record_id=record_id,
@@ -205,6 +263,7 @@ def fresh_claim(
         method=request.method,
         path=request.path,
         steps=dict(steps or {}),
+        operation_id=new_operation_id() if operation_id is None else operation_id,
     )
 
 
@@ -217,6 +276,7 @@ class HeldKey:
     status: str
     lease_expires_at: datetime | None
     expires_at: datetime
+    operation_id: str  # Empty for a record made before identities were kept.
 
     def stored_response(self) -> StoredResponse:
         raise NotImplementedError
@@ -229,6 +289,11 @@ class HeldKey:
             request.method,
             request.path,
         )
+
+    def operation_for(self, request: ClaimRequest) -> str:
+        """The identity of the operation that taking this abandoned record over for `request`
+        runs: the record's own when it resumes it, a new one for any other take-over."""
+        return self.operation_id if self.resumed_by(request) else new_operation_id()
 
     def abandoned(self, now: datetime) -> bool:
         """Free to take over: expired, or in progress with its lease run out."""
@@ -276,6 +341,7 @@ class Record(HeldKey):
     expires_at: datetime
     response: StoredResponse | None = None
     steps: Mapping[str, bytes] = field(default_factory=dict)
+    operation_id: str = ""
 
     def stored_response(self) -> StoredResponse:
         return self.response or StoredResponse(200)

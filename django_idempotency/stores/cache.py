@@ -64,6 +64,9 @@ class CacheTier(BaseStore):
     def cache(self) -> BaseCache:
         return caches[self.alias]
 
+    def now(self) -> datetime:
+        return self.inner.now()  # The store of record decides; copies only answer replays.
+
     def lookup(self, request: ClaimRequest) -> Claim | None:
         try:
             cached: CachedRecord | str | None = self.cache.get(cache_key(request.scope))
@@ -119,8 +122,10 @@ class CacheTier(BaseStore):
     def renew(self, claim: Claim, until: datetime) -> bool:
         return self.inner.renew(claim, until)  # In-progress records are never cached.
 
-    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
-        return self.inner.save_steps(claim, steps)
+    def save_steps(
+        self, claim: Claim, steps: Mapping[str, bytes], until: datetime | None = None
+    ) -> bool:
+        return self.inner.save_steps(claim, steps, until)
 
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         forget = options.forget
@@ -128,7 +133,7 @@ class CacheTier(BaseStore):
         # A record expired by the clock has no copy to fear: `_keep` never writes one past
         # its expiry. Only a purge ahead of the clock needs tombstones, and a purge of millions
         # of rows is spared that many keys in the cache.
-        tombstones = now.timestamp() > time.time()
+        tombstones = now > self.inner.now()
 
         def forget_everywhere(scopes: Iterable[Scope]) -> None:
             scopes = list(scopes)

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from typing import Any, cast
 
 from django.db import (
@@ -21,11 +22,13 @@ from django.db import (
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model, QuerySet
+from django.db.models.expressions import RawSQL
 from django.db.models.sql import UpdateQuery
+from django.utils import timezone
 
 from django_idempotency.conf import conf
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, Status, StoredResponse
-from django_idempotency.models import IdempotencyRecord, reclaimable
+from django_idempotency.models import IdempotencyRecord, purgeable, reclaimable
 from django_idempotency.stores import statements
 from django_idempotency.stores.base import (
     ALL_AT_DEFAULTS,
@@ -33,13 +36,17 @@ from django_idempotency.stores.base import (
     ClaimRequest,
     PurgeOptions,
     PurgeResult,
+    RecordLocked,
     ResponseTooLarge,
     StoreBusy,
     StoreUnavailable,
+    UnstorableResponse,
     between_steps,
     fresh_claim,
+    new_operation_id,
 )
 from django_idempotency.stores.batches import delete_batch
+from django_idempotency.stores.clocks import StoreClock
 from django_idempotency.stores.connections import on_a_live_connection
 from django_idempotency.stores.dialects import (
     MARIADB_DUPLICATE_KEY,
@@ -49,6 +56,8 @@ from django_idempotency.stores.dialects import (
     PostgreSQL,
     advisory_locks,
     dialect_for,
+    lock_not_granted,
+    request_locks,
 )
 from django_idempotency.stores.packets import fits_in_a_packet
 from django_idempotency.stores.statements import RecordRow
@@ -66,6 +75,9 @@ class DatabaseStore(BaseStore):
 
     supports_atomic = True
 
+    def __init__(self) -> None:
+        self._clocks: dict[str, StoreClock] = {}  # Each database alias's clock.
+
     @property
     def alias(self) -> str:
         return records_alias()
@@ -73,6 +85,16 @@ class DatabaseStore(BaseStore):
     @property
     def connection(self) -> BaseDatabaseWrapper:
         return connections[self.alias]
+
+    def now(self) -> datetime:
+        """The database's clock, read once a minute per alias (see `stores.clocks`)."""
+        alias = self.alias
+        clock = self._clocks.get(alias)
+        if clock is None:
+            if connections[alias].vendor not in _CLOCK_SQL:
+                return timezone.now()  # A backend the system checks refuse.
+            clock = self._clocks.setdefault(alias, StoreClock(partial(_read_clock, alias)))
+        return clock.now()
 
     def lookup(self, request: ClaimRequest) -> Claim | None:
         """Answer a replay, a mismatch or a live claim with one indexed read, before any
@@ -111,7 +133,7 @@ class DatabaseStore(BaseStore):
             if not claimed and row.acquired and row.abandoned(request.now):
                 resumes = row.resumed_by(request)
                 between_steps("take-over")  # Tests run what may happen here (see interleave).
-                taken = self._take_over(row, request, token, keep_steps=resumes)
+                taken = self._take_over(row, request, token, resumes=resumes)
                 if taken is None:
                     # Purged or taken by another retry since the read: answer from what the
                     # database holds now, never from the stale row.
@@ -130,7 +152,9 @@ class DatabaseStore(BaseStore):
             raise StoreUnavailable(str(exc)) from exc
         if claimed:
             # Inserted or taken over just now, so written as the request asked.
-            return fresh_claim(request, token, record_id=row.pk, steps=steps)
+            return fresh_claim(
+                request, token, record_id=row.pk, steps=steps, operation_id=row.operation_id
+            )
         return row.answer(request)
 
     def _insert_or_find(
@@ -144,9 +168,12 @@ class DatabaseStore(BaseStore):
         the key again with a statement of its own, which sees every commit before it.
         """
         dialect = dialect_for(connection)
-        params = self._claim_params(connection, request, token)
+        # Minted here and sent with the insert: a new record is a new operation.
+        operation_id = new_operation_id()
+        params = self._claim_params(connection, request, token, operation_id)
         if isinstance(dialect, MariaDB):
-            return self._insert_or_find_mariadb(connection, dialect, request, params), False
+            found = self._insert_or_find_mariadb(connection, dialect, request, params, operation_id)
+            return found, False
         scope = request.scope
         locks = []
         if isinstance(dialect, PostgreSQL):
@@ -160,7 +187,7 @@ class DatabaseStore(BaseStore):
                 cursor.nextset()  # From BEGIN's result to the claim's.
             inserted = cursor.fetchone()
         if inserted is not None:
-            return RecordRow.inserted(request, inserted[0]), False
+            return RecordRow.inserted(request, inserted[0], operation_id), False
         if not isinstance(dialect, PostgreSQL):
             return self._find(connection, scope), False
         with statements.cursor(connection) as cursor:
@@ -178,6 +205,7 @@ class DatabaseStore(BaseStore):
         dialect: MariaDB,
         request: ClaimRequest,
         params: list[Any],
+        operation_id: str,
     ) -> RecordRow | None:
         """The insert, or the committed record its duplicate key names. A claim not yet
         committed raises MariaDB's lock error, answered as in progress by `begin`."""
@@ -189,14 +217,16 @@ class DatabaseStore(BaseStore):
             if exc.args and exc.args[0] != MARIADB_DUPLICATE_KEY:
                 raise
             return self._find(connection, request.scope, locking=True)
-        return RecordRow.inserted(request, pk)
+        return RecordRow.inserted(request, pk, operation_id)
 
     def _take_over(
-        self, row: RecordRow, request: ClaimRequest, token: str, *, keep_steps: bool
+        self, row: RecordRow, request: ClaimRequest, token: str, *, resumes: bool
     ) -> RecordRow | None:
-        """Claim an abandoned record, keeping its steps for the same request's retry; None if a
-        concurrent request or the purge got there first."""
+        """Claim an abandoned record, keeping its steps and its operation's identity for the
+        same request's retry (`resumes`); None if a concurrent request or the purge got there
+        first, or, for a resume, the attempt it read completed meanwhile."""
         now = request.now
+        read = row.operation_id
         row = replace(
             row,
             fingerprint=request.fingerprint,
@@ -204,14 +234,23 @@ class DatabaseStore(BaseStore):
             path=request.path,
             status=Status.IN_PROGRESS.value,
             lease_expires_at=request.lease_expires_at,
-            expires_at=now + request.ttl,
+            expires_at=request.expires_at,
+            operation_id=read if resumes else new_operation_id(),
         )
-        record = IdempotencyRecord.objects.using(self.alias).filter(reclaimable(now), pk=row.pk)
+        # Only the generation read (a take-over by another request gives it a new identity)
+        # and, to resume it, only while its attempt is still in progress: one that completed
+        # since and expired at once is a new operation, which carries nothing over.
+        record = IdempotencyRecord.objects.using(self.alias).filter(
+            reclaimable(now), pk=row.pk, operation_id=read
+        )
+        if resumes:
+            record = record.filter(status=Status.IN_PROGRESS.value)
         update = cast(UpdateQuery, record.query.chain(UpdateQuery))
-        cleared_steps: dict[str, Any] = {} if keep_steps else {"steps": None}
+        cleared_steps: dict[str, Any] = {} if resumes else {"steps": None}
         update.add_update_values(
             dict(
                 **cleared_steps,
+                operation_id=row.operation_id,
                 fingerprint=row.fingerprint,
                 status=row.status,
                 method=request.method,
@@ -261,6 +300,13 @@ class DatabaseStore(BaseStore):
         ]
         with _reachable(connection):
             dialect = dialect_for(connection)
+            if isinstance(dialect, PostgreSQL) and _holds_a_nul(response):
+                # Refused before it is sent: the server's error would abort atomic mode's
+                # transaction, the view's writes with it.
+                raise UnstorableResponse(
+                    "PostgreSQL cannot store a NUL character, which the response's headers or "
+                    "reason phrase hold"
+                )
             if isinstance(dialect, MariaDB) and not fits_in_a_packet(connection, params):
                 # Refused before it is sent: the server would close the connection, and
                 # with it atomic mode's transaction.
@@ -294,18 +340,79 @@ class DatabaseStore(BaseStore):
         return self.connection.in_atomic_block
 
     def renew(self, claim: Claim, until: datetime) -> bool:
+        """Outside a transaction (the heartbeat's renewals), without waiting for a lock another
+        transaction holds on the record: `RecordLocked`, tried again at the next beat. A wait
+        there would hold up the renewals of every other claim of the process, and one for a
+        transaction of the work's own (a step saved inside it) would last as long as it."""
         held = self._own(claim).filter(status=Status.IN_PROGRESS.value)
-        with _reachable(self.connection):
-            renewed = held.update(lease_expires_at=until) == 1
+        connection = self.connection
+        with _reachable(connection), _not_waited_for(connection):
+            if connection.in_atomic_block:
+                # The caller's own transaction: it waits as its other statements do, and a
+                # refusal would abort it on PostgreSQL.
+                updated = held.update(lease_expires_at=until)
+            else:
+                assert claim.record_id is not None
+                updated = self._update_unless_locked(held, claim.record_id, lease_expires_at=until)
+        renewed = updated == 1
         if renewed:
             claim.lease_expires_at = until
         return renewed
 
-    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
+    def save_steps(
+        self, claim: Claim, steps: Mapping[str, bytes], until: datetime | None = None
+    ) -> bool:
         held = self._own(claim).filter(status=Status.IN_PROGRESS.value)
         encoded = {name: base64.b64encode(value).decode() for name, value in steps.items()}
-        with _reachable(self.connection):
-            return bool(held.update(steps=encoded) == 1)
+        values: dict[str, Any] = {"steps": encoded}
+        if until is not None:
+            values["lease_expires_at"] = until
+        connection = self.connection
+        with _reachable(connection):
+            if until is not None and connection.in_atomic_block:
+                self._answer_claims_at_once(connection, claim)
+            saved = bool(held.update(**values) == 1)
+        if saved and until is not None:
+            claim.lease_expires_at = until
+        return saved
+
+    def _update_unless_locked(
+        self, records: QuerySet[IdempotencyRecord], record_id: int, **values: Any
+    ) -> int:
+        """UPDATE `records` (the record `record_id`, or none) without waiting for a lock another
+        transaction holds on it: the lock error instead. SQLite has no row locks: its whole
+        database is locked by a writer, waited for up to the connection's timeout."""
+        connection = self.connection
+        dialect = dialect_for(connection)
+        if isinstance(dialect, PostgreSQL):
+            # PostgreSQL's UPDATE has no NOWAIT of its own; a locking subquery does.
+            q, table = connection.ops.quote_name, dialect.table
+            locked = f"SELECT {q('id')} FROM {table} WHERE {q('id')} = %s FOR UPDATE NOWAIT"
+            records = records.filter(pk__in=RawSQL(locked, [record_id]))
+        elif isinstance(dialect, MariaDB):
+            update = cast(UpdateQuery, records.query.chain(UpdateQuery))
+            update.add_update_values(values)
+            sql, params = update.get_compiler(self.alias).as_sql()
+            with statements.cursor(connection) as cursor:
+                cursor.execute(dialect.no_wait + sql, params)
+                return int(cursor.rowcount)
+        return records.update(**values)
+
+    @staticmethod
+    def _answer_claims_at_once(connection: BaseDatabaseWrapper, claim: Claim) -> None:
+        """Inside the caller's transaction, which keeps the record locked until it ends: on
+        PostgreSQL, take the key's advisory locks as a claim's own transaction does, so that a
+        claim of the key meanwhile answers in progress at once instead of queueing behind the
+        row (its insert, or its take-over). Tried, never waited for: a claim holding them this
+        instant queues as before, and no deadlock can form."""
+        if connection.vendor != "postgresql":
+            return
+        assert claim.scope is not None and claim.fingerprint is not None
+        locks = request_locks(claim.scope, claim.fingerprint, claim.method, claim.path)
+        with statements.cursor(connection) as cursor:
+            cursor.execute(
+                "SELECT pg_try_advisory_xact_lock(%s), pg_try_advisory_xact_lock(%s)", locks
+            )
 
     def _stored_steps(self, record_id: int, token: str) -> dict[str, bytes]:
         """The steps of the record this claim has just taken over (under `token`)."""
@@ -320,7 +427,7 @@ class DatabaseStore(BaseStore):
         return {str(name): base64.b64decode(value) for name, value in stored.items()}
 
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
-        records = IdempotencyRecord.objects.using(self.alias).filter(reclaimable(now))
+        records = IdempotencyRecord.objects.using(self.alias).filter(purgeable(now))
         if options.namespace is not None:
             records = records.filter(namespace=options.namespace)
         if options.dry_run:
@@ -379,7 +486,7 @@ class DatabaseStore(BaseStore):
 
     @staticmethod
     def _claim_params(
-        connection: BaseDatabaseWrapper, request: ClaimRequest, token: str
+        connection: BaseDatabaseWrapper, request: ClaimRequest, token: str, operation_id: str
     ) -> list[Any]:
         ops = connection.ops
         return [
@@ -395,6 +502,7 @@ class DatabaseStore(BaseStore):
             ops.adapt_datetimefield_value(request.lease_expires_at),
             ops.adapt_datetimefield_value(request.now),
             ops.adapt_datetimefield_value(request.expires_at),
+            operation_id,
         ]
 
 
@@ -425,12 +533,55 @@ def _reachable(connection: BaseDatabaseWrapper | None = None) -> Iterator[None]:
         raise StoreUnavailable(str(exc)) from exc
 
 
+def _holds_a_nul(response: StoredResponse) -> bool:
+    """Whether a NUL is in what PostgreSQL keeps as text or JSON, both of which refuse it."""
+    texts = [response.reason, *(part for header in response.headers for part in header)]
+    return any("\x00" in text for text in texts)
+
+
+@contextlib.contextmanager
+def _not_waited_for(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """Turn a lock the statement did not wait for (or SQLite's writer lock it waited for in
+    vain) into `RecordLocked`: the database is there, the record is busy."""
+    try:
+        yield
+    except _UNREACHABLE as exc:
+        if _is_busy(connection, exc) or lock_not_granted(exc):
+            raise RecordLocked(
+                f"The record is locked by another transaction, which was not waited for: {exc}"
+            ) from exc
+        raise
+
+
 def _too_large(size: int) -> str:
     return (
         f"A response body of {size} bytes is larger than the database takes in one statement "
         "(MariaDB's max_allowed_packet): raise max_allowed_packet, or set "
         "IDEMPOTENCY_MAX_STORED_BYTES below it."
     )
+
+
+# The database's time as POSIX seconds, whatever the session's time zone: clock_timestamp()
+# moves on within a transaction (now() is the transaction's start); SQLite's is the machine's
+# (to the millisecond), which every process writing to its file shares.
+_CLOCK_SQL = {
+    "postgresql": "SELECT EXTRACT(EPOCH FROM clock_timestamp())",
+    "mysql": "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) / 1000000",
+    "sqlite": "SELECT (julianday('now') - 2440587.5) * 86400.0",
+}
+
+
+def _read_clock(alias: str) -> float:
+    """One reading of the clock of the database behind `alias`, in the calling thread's
+    connection; `StoreUnavailable` if it cannot be read (the last reading then serves)."""
+    connection = connections[alias]
+    try:
+        with _reachable(connection), connection.cursor() as cursor:
+            cursor.execute(_CLOCK_SQL[connection.vendor])
+            (seconds,) = cursor.fetchone()
+    except DatabaseError as exc:  # Unreachable, or a transaction already aborted.
+        raise StoreUnavailable(f"The database's clock could not be read: {exc}") from exc
+    return float(seconds)
 
 
 def _fetch_one(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> RecordRow | None:

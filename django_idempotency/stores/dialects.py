@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency.core.outcomes import Scope
 from django_idempotency.exceptions import StoreNotSupported
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.stores.base import ClaimRequest
@@ -26,6 +27,7 @@ INSERTED = (
     "lease_expires_at",
     "created_at",
     "expires_at",
+    "operation_id",
 )
 _COMPLETED = ("status", "response_status", "response_reason", "response_headers", "response_body")
 _SCOPE = ("namespace", "owner", "key")
@@ -183,9 +185,13 @@ class MariaDB(Dialect):
 def advisory_locks(request: ClaimRequest) -> list[int]:
     """PostgreSQL's two lock ids for a claim: the request's identity (scope, fingerprint,
     method, path), then its key (scope)."""
-    scope = request.scope
+    return request_locks(request.scope, request.fingerprint, request.method, request.path)
+
+
+def request_locks(scope: Scope, fingerprint: str, method: str, path: str) -> list[int]:
+    """`advisory_locks` of the request with this scope, fingerprint, method and path."""
     key = (scope.namespace, scope.owner, scope.key)
-    return [_lock_id(*key, request.fingerprint, request.method, request.path), _lock_id(*key)]
+    return [_lock_id(*key, fingerprint, method, path), _lock_id(*key)]
 
 
 def _lock_id(*parts: str) -> int:

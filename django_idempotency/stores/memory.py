@@ -26,6 +26,7 @@ from django_idempotency.stores.base import (
     Record,
     between_steps,
     fresh_claim,
+    new_operation_id,
 )
 
 
@@ -56,24 +57,27 @@ class MemoryStore(BaseStore):
         with self._lock:
             record = self.records.get(request.scope)
             if record is None:
-                return self._claim(request)
+                return self._claim(request, new_operation_id())
             if not record.abandoned(now):
                 return record.answer(request)
             carried = record.steps if record.resumed_by(request) else {}
+            operation_id = record.operation_for(request)
         # The take-over is a step of its own, as on a store other processes share: it happens
         # only if the record is still the one read (compare and set), whatever came between.
         between_steps("take-over")
         with self._lock:
             current = self.records.get(request.scope)
             if current is record:
-                return self._claim(request, carried)
+                return self._claim(request, operation_id, carried)
         if current is None or current.abandoned(now):
             return Claim(Outcome.IN_PROGRESS)  # Released, or taken over and lost again, since.
         return current.answer(request)
 
-    def _claim(self, request: ClaimRequest, steps: Mapping[str, bytes] | None = None) -> Claim:
-        """Write the request's claim over whatever holds the key, with the `steps` it carries
-        over; lock held."""
+    def _claim(
+        self, request: ClaimRequest, operation_id: str, steps: Mapping[str, bytes] | None = None
+    ) -> Claim:
+        """Write the request's claim for the operation `operation_id` over whatever holds the
+        key, with the `steps` it carries over; lock held."""
         token = uuid.uuid4().hex
         steps = dict(steps or {})
         self.records[request.scope] = Record(
@@ -86,8 +90,9 @@ class MemoryStore(BaseStore):
             created_at=request.now,
             expires_at=request.expires_at,
             steps=steps,
+            operation_id=operation_id,
         )
-        return fresh_claim(request, token, steps=steps)
+        return fresh_claim(request, token, steps=steps, operation_id=operation_id)
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
         assert claim.scope is not None
@@ -123,23 +128,31 @@ class MemoryStore(BaseStore):
         claim.lease_expires_at = until
         return True
 
-    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
+    def save_steps(
+        self, claim: Claim, steps: Mapping[str, bytes], until: datetime | None = None
+    ) -> bool:
         assert claim.scope is not None
         with self._lock:
             record = self._own(claim)
             if record is None or record.status != Status.IN_PROGRESS:
                 return False
-            self.records[claim.scope] = replace(record, steps=dict(steps))
+            ends = record.lease_expires_at if until is None else until
+            self.records[claim.scope] = replace(record, steps=dict(steps), lease_expires_at=ends)
+        if until is not None:
+            claim.lease_expires_at = until
         return True
 
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
-        """Expired records and abandoned claims go in one batch: a dict needs no batching."""
+        """Expired records not held by a live lease go in one batch (a dict needs no batching):
+        `models.purgeable`'s rule, so an abandoned claim stays until it expires, for its retry."""
         result = PurgeResult()
         with self._lock:
             gone = [
                 (scope, record)
                 for scope, record in self.records.items()
-                if record.abandoned(now) and options.namespace in (None, scope.namespace)
+                if record.expires_at <= now
+                and record.abandoned(now)
+                and options.namespace in (None, scope.namespace)
             ]
             for scope, record in gone:
                 if record.status == Status.COMPLETED:

@@ -16,6 +16,7 @@ from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency.conf import conf
+from django_idempotency.core.keys import key_hash
 from django_idempotency.core.outcomes import (
     Claim,
     Outcome,
@@ -32,7 +33,9 @@ from django_idempotency.stores.base import (
     StoreUnavailable,
     between_steps,
     fresh_claim,
+    new_operation_id,
 )
+from django_idempotency.stores.clocks import StoreClock
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -55,18 +58,21 @@ _READ = (
     "response_reason",
     "response_headers",
     "response_body",
+    "operation",
 )
 
-# Writes a new claim from ARGV[1..11]; shared by the claim and the take-over, so both write
-# the same record. The key lives for ARGV[11] ms, until the record expires and never before
-# its lease ends: a time relative to Redis's own clock, so that it holds whatever the
-# application's clock says (naive local time across a clock change, a clock that differs).
+# Writes a new claim from ARGV[1..11] for the operation `operation` (a Lua local: ARGV[12], a
+# new identity, unless a take-over resumes the one it found); shared by the claim and the
+# take-over, so both write the same record. The key lives for ARGV[11] ms, until the record
+# expires and never before its lease ends: a time relative to Redis's own clock, so that it
+# holds whatever the application's clock says (naive local time across a clock change, a clock
+# that differs).
 _WRITE_CLAIM = """
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'namespace', ARGV[1], 'owner', ARGV[2], 'key', ARGV[3],
   'fingerprint', ARGV[4], 'method', ARGV[5], 'path', ARGV[6], 'status', 'in_progress',
   'lease_token', ARGV[7], 'lease_expires_at', ARGV[8], 'created_at', ARGV[9],
-  'expires_at', ARGV[10])
+  'expires_at', ARGV[10], 'operation', operation)
 redis.call('PEXPIRE', KEYS[1], ARGV[11])
 """
 
@@ -82,24 +88,31 @@ def _found(field: str) -> str:
 CLAIM = (
     _READ_RECORD
     + f"if {_found('status')} then return found end\n"
+    + "local operation = ARGV[12]\n"
     + _WRITE_CLAIM
     + "return false\n"
 )
 
+# The key whose slot's primary tells the time on a Redis Cluster (nothing is stored under it).
+CLOCK_KEY = "django_idempotency:clock"
+
 # A step's result is the hash field STEP_PREFIX + its name.
 STEP_PREFIX = "step:"
-# What the take-over returns when it carries steps over: then the step fields, name and value.
-CARRIED = b"carried"
+# What the take-over returns when it resumes the same request's attempt: then the identity of
+# the operation it carries on, and the step fields, name and value.
+RESUMED = b"resumed"
 
 # The take-over of a record the claim read as abandoned, or the record as it is now if it may
-# no longer be taken over: it must still carry the token it was read with (ARGV[12]), so that
+# no longer be taken over: it must still carry the token it was read with (ARGV[13]), so that
 # of two retries that read the same stale record exactly one wins, and still be abandoned at
 # `now` (ARGV[9]) by `core.outcomes.is_abandoned`'s rule, so that a completion that came in
 # between is replayed, not run again. A record gone meanwhile leaves the key free to claim.
-# The same request's attempt, still in progress, hands its steps to the new claim.
+# The same request's attempt, still in progress, hands its steps and its operation's identity
+# to the new claim, decided here on the record as it is now: any other take-over is a new
+# operation (ARGV[12]), even of an attempt read in progress that completed since.
 TAKE_OVER = (
     _READ_RECORD
-    + f"""local carried = {{}}
+    + f"""local carried, operation, resumed = {{}}, ARGV[12], false
 if {_found("status")} then
   local now, abandoned = tonumber(ARGV[9]), false
   if {_found("status")} == 'in_progress' and {_found("lease_expires_at")} then
@@ -107,9 +120,10 @@ if {_found("status")} then
   else
     abandoned = tonumber({_found("expires_at")}) <= now
   end
-  if {_found("lease_token")} ~= ARGV[12] or not abandoned then return found end
+  if {_found("lease_token")} ~= ARGV[13] or not abandoned then return found end
   if {_found("status")} == 'in_progress' and {_found("fingerprint")} == ARGV[4]
       and {_found("method")} == ARGV[5] and {_found("path")} == ARGV[6] then
+    resumed, operation = true, {_found("operation")} or ''
     local fields = redis.call('HGETALL', KEYS[1])
     for i = 1, #fields, 2 do
       if string.sub(fields[i], 1, {len(STEP_PREFIX)}) == '{STEP_PREFIX}' then
@@ -121,9 +135,10 @@ if {_found("status")} then
 end
 """
     + _WRITE_CLAIM
-    + f"""if #carried == 0 then return false end
-redis.call('HSET', KEYS[1], unpack(carried))
-table.insert(carried, 1, '{CARRIED.decode()}')
+    + f"""if not resumed then return false end
+if #carried > 0 then redis.call('HSET', KEYS[1], unpack(carried)) end
+table.insert(carried, 1, operation)
+table.insert(carried, 1, '{RESUMED.decode()}')
 return carried
 """
 )
@@ -144,6 +159,15 @@ RELEASE = """
 local held = redis.call('HMGET', KEYS[1], 'lease_token', 'status')
 if held[1] ~= ARGV[1] or held[2] ~= 'in_progress' then return 0 end
 return redis.call('DEL', KEYS[1])
+"""
+
+# A claim that resumed the same request's attempt is given back by ending its lease (at
+# ARGV[2]) instead: deleting the record would lose that operation's steps and identity.
+END_LEASE = """
+local held = redis.call('HMGET', KEYS[1], 'lease_token', 'status')
+if held[1] ~= ARGV[1] or held[2] ~= 'in_progress' then return 0 end
+redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[2])
+return 1
 """
 
 
@@ -174,10 +198,13 @@ class RedisStore(BaseStore):
     """
 
     supports_atomic = False
+    # redis-py's pool is shared by every thread; under gevent its sockets are the hub's.
+    greenlet_bound_connections = True
 
     def __init__(self) -> None:
         self._scripts: dict[str, Script] = {}
         self._policies_checked: set[str] = set()  # The aliases whose eviction policy was read.
+        self._clocks: dict[str, StoreClock] = {}  # Each alias's Redis clock.
 
     @property
     def alias(self) -> str:
@@ -196,6 +223,28 @@ class RedisStore(BaseStore):
                 " Redis store needs its connection (BACKEND django_redis.cache.RedisCache)."
             ) from exc
 
+    def now(self) -> datetime:
+        """Redis's clock (`TIME`), read once a minute per alias (see `stores.clocks`); on a
+        Redis Cluster, the clock of the primary that owns CLOCK_KEY's slot, the same one for
+        every server."""
+        alias = self.alias
+        clock = self._clocks.get(alias)
+        if clock is None:
+            clock = self._clocks.setdefault(alias, StoreClock(self._read_clock))
+        return clock.now()
+
+    def _read_clock(self) -> float:
+        from redis.cluster import RedisCluster
+
+        with self._unavailable_as_store_error():
+            connection = self.connection()
+            if isinstance(connection, RedisCluster):
+                owner = connection.get_node_from_key(CLOCK_KEY)  # type: ignore[no-untyped-call]
+                seconds, microseconds = connection.get_redis_connection(owner).time()
+            else:
+                seconds, microseconds = connection.time()
+        return float(seconds) + microseconds / 1_000_000
+
     def record_key(self, scope: Scope) -> str:
         """One key per record, made as the cache alias makes its own keys (its KEY_PREFIX,
         VERSION and KEY_FUNCTION: caches kept apart by them keep their records apart); its hash
@@ -206,7 +255,9 @@ class RedisStore(BaseStore):
     def begin(self, request: ClaimRequest) -> Claim:
         key = self.record_key(request.scope)
         token = uuid.uuid4().hex
-        claim_args = _claim_args(request, token)
+        # Minted here and sent with the claim: a new record is a new operation.
+        operation_id = new_operation_id()
+        claim_args = [*_claim_args(request, token), operation_id]
         found = self._claim(CLAIM, key, claim_args, token)
         if found is not None:
             record = _record(found, like=request.now)
@@ -215,18 +266,19 @@ class RedisStore(BaseStore):
             # Expired, or its request's lease ran out: take it over, unless it changed since.
             between_steps("take-over")
             found = self._claim(TAKE_OVER, key, [*claim_args, record.lease_token], token)
-            if _carried(found):
+            if _resumed(found):
                 steps = {
                     bytes(name).decode().removeprefix(STEP_PREFIX): bytes(value)
-                    for name, value in zip(found[1::2], found[2::2], strict=True)
+                    for name, value in zip(found[2::2], found[3::2], strict=True)
                 }
-                return fresh_claim(request, token, steps=steps)
+                resumed = bytes(found[1]).decode()
+                return fresh_claim(request, token, steps=steps, operation_id=resumed)
             if found is not None:
                 record = _record(found, like=request.now)
                 if record.abandoned(request.now):
                     return Claim(Outcome.IN_PROGRESS)  # Another retry took it over first.
                 return record.answer(request)  # Completed meanwhile (or another retry's).
-        return fresh_claim(request, token)
+        return fresh_claim(request, token, operation_id=operation_id)
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
         assert claim.scope is not None and claim.expires_at is not None
@@ -248,11 +300,11 @@ class RedisStore(BaseStore):
             # undo nothing, and the client's retry would be replayed the same response. Send it,
             # and say that a fail-over before the replicas catch up may cost a second run.
             logger.warning(
-                "The stored response of %r reached %d of the %d replicas"
+                "The stored response of key_hash=%s reached %d of the %d replicas"
                 " IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within %s s: it is sent, but a"
                 " fail-over of its primary before they catch up loses it, and a retry runs the"
                 " view again once the lease ends.",
-                claim.scope.key,
+                key_hash(claim.scope.key),
                 acknowledged,
                 conf.REDIS_WAIT_REPLICAS,
                 _seconds(conf.REDIS_WAIT_TIMEOUT),
@@ -267,7 +319,7 @@ class RedisStore(BaseStore):
         assert claim.scope is not None and claim.expires_at is not None
         # To the millisecond below: a lease ended "now" has ended for a retry in the same one.
         end = _ms(until.replace(microsecond=until.microsecond // 1000 * 1000))
-        now = _ms(datetime.now(tz=until.tzinfo))
+        now = _ms(self.now())
         lives = max(_ms(claim.expires_at), end) - now  # As a claim's key lives.
         args = [claim.lease_token, end, max(lives, 1)]
         renewed = bool(self._run(RENEW, self.record_key(claim.scope), args))
@@ -275,11 +327,16 @@ class RedisStore(BaseStore):
             claim.lease_expires_at = until
         return renewed
 
-    def save_steps(self, claim: Claim, steps: Mapping[str, bytes]) -> bool:
+    def save_steps(
+        self, claim: Claim, steps: Mapping[str, bytes], until: datetime | None = None
+    ) -> bool:
         assert claim.scope is not None
         fields = [part for name, value in steps.items() for part in (STEP_PREFIX + name, value)]
         args = [claim.lease_token, *fields]
-        return bool(self._run(SAVE_STEPS, self.record_key(claim.scope), args))
+        saved = bool(self._run(SAVE_STEPS, self.record_key(claim.scope), args))
+        # No transaction keeps a Redis record locked, so nothing ever needs `until`: honoured
+        # with a renewal of its own, for the contract.
+        return saved and (until is None or self.renew(claim, until))
 
     def purge(self, now: datetime, options: PurgeOptions = ALL_AT_DEFAULTS) -> PurgeResult:
         """Nothing to do, whatever the options: Redis deletes each record when it expires."""
@@ -295,8 +352,11 @@ class RedisStore(BaseStore):
         if not replicas:
             return self._run(source, key, args)
         found, acknowledged = self._run_and_wait(source, key, args)
-        if (found is None or _carried(found)) and acknowledged < replicas:
-            self._run(RELEASE, key, [token])
+        if (found is None or _resumed(found)) and acknowledged < replicas:
+            if found is None:
+                self._run(RELEASE, key, [token])
+            else:  # Ended when it was claimed: the retry resumes it again.
+                self._run(END_LEASE, key, [token, args[_CLAIMED_AT]])
             raise StoreUnavailable(
                 f"Redis ({self.alias!r}): the claim reached {acknowledged} of the {replicas}"
                 " replicas IDEMPOTENCY_REDIS_WAIT_REPLICAS asks for within"
@@ -410,9 +470,10 @@ class RedisStore(BaseStore):
         self._policies_checked.add(self.alias)
 
 
-def _carried(found: Any) -> bool:
-    """Whether a take-over's answer is the claim it made, with the steps it carried over."""
-    return isinstance(found, list) and bool(found) and found[0] == CARRIED
+def _resumed(found: Any) -> bool:
+    """Whether a take-over's answer is the claim it made resuming the same request's attempt,
+    with that operation's identity and the steps it carried over."""
+    return isinstance(found, list) and bool(found) and found[0] == RESUMED
 
 
 def _strictest(answers: list[Any]) -> Any:
@@ -451,7 +512,11 @@ def _record(found: list[bytes | None], *, like: datetime) -> Record:
         created_at=_datetime(fields["created_at"], like) or expires_at,
         expires_at=expires_at,
         response=response,
+        operation_id=_text(fields["operation"]),
     )
+
+
+_CLAIMED_AT = 8  # The index of the claim's `now` in `_claim_args`.
 
 
 def _claim_args(request: ClaimRequest, token: str) -> list[Any]:

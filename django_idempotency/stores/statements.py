@@ -30,6 +30,7 @@ RECORD_COLUMNS = (
     "response_body",
     "lease_expires_at",
     "expires_at",
+    "operation_id",
 )
 
 
@@ -48,11 +49,12 @@ class RecordRow(HeldKey):
     response_body: bytes | None
     lease_expires_at: datetime | None
     expires_at: datetime
+    operation_id: str
     claimed: bool = False  # This claim inserted it.
     acquired: bool = True  # Nobody else was claiming the key when the claim read it.
 
     @classmethod
-    def inserted(cls, request: ClaimRequest, pk: Any) -> RecordRow:
+    def inserted(cls, request: ClaimRequest, pk: Any, operation_id: str) -> RecordRow:
         """The record a claim has just inserted, as the claim wrote it."""
         return cls(
             pk=int(pk),
@@ -66,6 +68,7 @@ class RecordRow(HeldKey):
             response_body=None,
             lease_expires_at=request.lease_expires_at,
             expires_at=request.expires_at,
+            operation_id=operation_id,
             claimed=True,
         )
 
@@ -93,6 +96,7 @@ def to_row(values: Sequence[Any], connection: BaseDatabaseWrapper) -> RecordRow:
         body,
         lease_expires_at,
         expires_at,
+        operation_id,
     ) = values
     return RecordRow(
         pk=int(pk),
@@ -106,6 +110,7 @@ def to_row(values: Sequence[Any], connection: BaseDatabaseWrapper) -> RecordRow:
         response_body=None if body is None else bytes(body),
         lease_expires_at=_datetime(lease_expires_at, connection),
         expires_at=_datetime(expires_at, connection),  # type: ignore[arg-type]
+        operation_id=str(operation_id or ""),
     )
 
 

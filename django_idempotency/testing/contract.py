@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import uuid
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import ClassVar
+from unittest import mock
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -15,13 +19,16 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency.conf import conf
-from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse
+from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse, not_stored
 from django_idempotency.http.problems import RESPONSE_NOT_STORED
 from django_idempotency.http.responses import replay, without_body
 from django_idempotency.stores.base import (
     BaseStore,
     ClaimRequest,
     PurgeOptions,
+    PurgeResult,
+    RecordLocked,
+    UnstorableResponse,
     interleave,
     until_sent,
 )
@@ -34,6 +41,11 @@ NAMESPACE = "store-contract"
 RESPONSE = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": 1}')
 LATE = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": "late"}')
 MILLISECOND = timedelta(milliseconds=1)  # The finest step every shipped store keeps.
+# How far the callers' wall clocks are set apart from the store's in the clock tests, and how
+# closely two callers must still agree on the store's time: far above the shipped stores'
+# precision (a clock reading's round trip), far below the skew.
+SKEW = timedelta(seconds=30)
+AGREEMENT = timedelta(seconds=1)
 
 
 class StoreContract:
@@ -60,6 +72,12 @@ class StoreContract:
         """Delete the record of `scope` and forget its copies, as the admin's "delete and
         forget" does. A store that cannot delete one record skips the tests that need it."""
         pytest.skip("forget_record() is not implemented for this store.")
+
+    def record_locked(self, store: BaseStore, scope: Scope) -> AbstractContextManager[bool]:
+        """A context in which another transaction (another connection's) holds the record of
+        `scope` locked, as a view's own transaction does once it saved a step; it yields True.
+        The default, for a store whose records no transaction can hold, yields False."""
+        return contextlib.nullcontext(False)
 
     @pytest.fixture
     def store(self) -> Iterator[BaseStore]:
@@ -308,6 +326,78 @@ class StoreContract:
 
         self.fresh(store, self.request(scope, now))
 
+    def test_a_renewal_never_waits_for_a_transaction_holding_the_record(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        # The heartbeat renews every claim of its process in turn: a renewal waiting for one
+        # record's lock would leave every other lease to run out.
+        claim = self.fresh(store, self.request(scope, now))
+        granted = claim.lease_expires_at
+        assert granted is not None
+
+        with self.record_locked(store, scope) as locked:
+            if not locked:  # Nothing can hold the record: nothing to wait for.
+                assert store.renew(claim, granted)
+                return
+            with pytest.raises(RecordLocked):
+                store.renew(claim, now + timedelta(hours=1))
+
+        assert claim.lease_expires_at == granted  # Not announced as renewed.
+        assert self.outcome(store, self.request(scope, granted - MILLISECOND)) is (
+            Outcome.IN_PROGRESS
+        )
+        assert store.renew(claim, now + timedelta(hours=1))  # The next beat renews it.
+        assert self.outcome(store, self.request(scope, granted)) is Outcome.IN_PROGRESS
+
+    def test_steps_saved_with_an_end_move_the_lease_on(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        claim = self.fresh(store, self.request(scope, now - timedelta(seconds=50)))
+        until = now + timedelta(seconds=60)
+
+        assert store.save_steps(claim, {"charge": b"1"}, until)
+
+        assert claim.lease_expires_at == until
+        before_its_end = self.request(scope, until - MILLISECOND)  # Past the claim's lease.
+        assert self.outcome(store, before_its_end) is Outcome.IN_PROGRESS
+        retry = self.fresh(store, self.request(scope, until))
+        assert retry.steps == {"charge": b"1"}
+        assert not store.save_steps(claim, {"late": b"1"}, until + timedelta(hours=1))
+        assert retry.lease_expires_at is not None
+        self.fresh(store, self.request(scope, retry.lease_expires_at))  # Not moved by it.
+
+    # Stalls: a process paused past its lease renews it before its next side effect, fenced
+    # by its token (refused after a take-over: see above); before any take-over it wins.
+
+    def test_a_lease_renewed_after_its_end_before_any_take_over_holds_the_key_again(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        stalled = self.abandoned(store, scope, now)  # Its lease ran out; nobody retried yet.
+
+        assert store.renew(stalled, now + timedelta(seconds=60))
+
+        assert self.outcome(store, self.request(scope, now)) is Outcome.IN_PROGRESS
+        assert store.complete(stalled, RESPONSE, now + MILLISECOND)
+        self.assert_replays(store, self.request(scope, now + 2 * MILLISECOND), RESPONSE)
+
+    def test_a_renewal_between_a_retrys_read_and_its_take_over_keeps_the_key(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        stalled = self.abandoned(store, scope, now)
+        renewed: list[bool] = []
+
+        def the_stalled_process_wakes_up() -> None:
+            if not renewed:
+                renewed.append(store.renew(stalled, now + timedelta(seconds=60)))
+
+        with interleave({"take-over": the_stalled_process_wakes_up}):
+            retry = self.claim(store, self.request(scope, now + MILLISECOND))
+
+        assert renewed == [True], "the store never called between_steps('take-over')"
+        assert retry.outcome is Outcome.IN_PROGRESS, retry  # Never FRESH: the work goes on.
+        assert store.complete(stalled, RESPONSE, now + 2 * MILLISECOND)
+        self.assert_replays(store, self.request(scope, now + 3 * MILLISECOND), RESPONSE)
+
     # Steps: what a lease-mode operation completed, for a retry after a crash to skip.
 
     def test_the_same_requests_take_over_carries_the_steps(
@@ -362,6 +452,86 @@ class StoreContract:
         assert not store.save_steps(completed, {"late": b"1"})
         assert not store.save_steps(released, {"late": b"1"})
         self.assert_replays(store, self.request(scope, now + MILLISECOND), RESPONSE)
+
+    # Operations: each record is one, with the identity its outbound keys derive from.
+
+    def test_a_new_record_is_a_new_operation(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        beside = Scope(scope.namespace, scope.owner, scope.key + "-beside")
+        first = self.fresh(store, self.request(scope, now))
+        other = self.fresh(store, self.request(beside, now))
+        assert store.release(first)
+
+        again = self.fresh(store, self.request(scope, now + MILLISECOND))  # A released key.
+
+        identities = [claim.operation_id for claim in (first, other, again)]
+        assert all(isinstance(identity, str) and identity for identity in identities)
+        assert len(set(identities)) == 3, identities
+
+    def test_the_take_over_of_an_expired_record_is_a_new_operation(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        expired = self.completed(
+            store, self.request(scope, now - timedelta(hours=2), ttl=timedelta(hours=1))
+        )
+
+        again = self.fresh(store, self.request(scope, now))
+
+        assert again.operation_id and again.operation_id != expired.operation_id
+
+    def test_the_same_requests_take_over_resumes_its_operation(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        original = self.abandoned(store, scope, now)
+
+        retry = self.fresh(store, self.request(scope, now))
+        assert retry.lease_expires_at is not None
+        # The retry crashed too: the next one still resumes the same operation.
+        third = self.fresh(store, self.request(scope, retry.lease_expires_at))
+
+        assert original.operation_id
+        assert retry.operation_id == third.operation_id == original.operation_id
+
+    def test_another_requests_take_over_is_a_new_operation(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        original = self.abandoned(store, scope, now)
+
+        other = self.fresh(store, self.request(scope, now, fingerprint=OTHER_FINGERPRINT))
+        assert other.lease_expires_at is not None
+        # The first request's retry, once the other request's attempt was abandoned in turn:
+        # its own operation was replaced, so it starts another.
+        back = self.fresh(store, self.request(scope, other.lease_expires_at))
+
+        identities = [claim.operation_id for claim in (original, other, back)]
+        assert all(identities) and len(set(identities)) == 3, identities
+        assert back.steps == {}
+
+    def test_a_resume_that_meets_a_late_completion_never_carries_the_old_operation_on(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        # Claimed two hours ago for one hour: by now expired, its lease long over.
+        original = self.fresh(
+            store, self.request(scope, now - timedelta(hours=2), ttl=timedelta(hours=1))
+        )
+        assert store.save_steps(original, {"charge": b"1"})
+        completed: list[bool] = []
+
+        def original_completes() -> None:
+            # Between the retry's read of the abandoned attempt and its take-over: the
+            # record is now completed and expired, free for a new operation.
+            if not completed:
+                completed.append(store.complete(original, LATE, now))
+
+        with interleave({"take-over": original_completes}):
+            retry = self.claim(store, self.request(scope, now + MILLISECOND))
+
+        assert completed == [True], "the store never called between_steps('take-over')"
+        assert retry.outcome in (Outcome.FRESH, Outcome.IN_PROGRESS), retry
+        if retry.outcome is Outcome.FRESH:
+            assert retry.operation_id and retry.operation_id != original.operation_id
+            assert retry.steps == {}
 
     # Copies kept outside the store of record (the cache tier).
 
@@ -437,8 +607,11 @@ class StoreContract:
         self, store: BaseStore, scope: Scope, now: datetime
     ) -> None:
         running = Scope(scope.namespace, scope.owner, scope.key + "-running")
+        crashed = Scope(scope.namespace, scope.owner, scope.key + "-crashed")
         self.completed(store, self.request(scope, now))
         self.fresh(store, self.request(running, now))
+        # Its lease ran out long ago, but its record lives an hour more: its retry may come.
+        attempt = self.abandoned(store, crashed, now)
 
         store.purge(now + MILLISECOND, PurgeOptions(namespace=NAMESPACE))
 
@@ -446,8 +619,113 @@ class StoreContract:
         assert self.outcome(store, self.request(running, now + MILLISECOND)) is (
             Outcome.IN_PROGRESS
         )
+        retry = self.fresh(store, self.request(crashed, now + MILLISECOND))
+        assert retry.operation_id == attempt.operation_id
 
-    # Clocks.
+    def test_a_purge_keeps_a_crashed_attempt_until_its_record_expires(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        # A crashed attempt may have called another service: its retry must resume it, with
+        # the identity its outbound keys derive from and its steps, as long as the record lives.
+        expiring = Scope(scope.namespace, scope.owner, scope.key + "-expired")
+        finished = Scope(scope.namespace, scope.owner, scope.key + "-finished")
+        two_hours = timedelta(hours=2)
+        # Both claimed two hours ago, their 60-second leases long over: one expires a
+        # millisecond after the purge's `now`, the other at exactly that `now`.
+        crashed = self.fresh(
+            store, self.request(scope, now - two_hours, ttl=two_hours + MILLISECOND)
+        )
+        expired = self.fresh(store, self.request(expiring, now - two_hours, ttl=two_hours))
+        for attempt in (crashed, expired):
+            assert store.save_steps(attempt, {"charge": b'{"id": 7}'})
+        self.completed(store, self.request(finished, now - two_hours, ttl=two_hours))
+
+        purged = store.purge(now, PurgeOptions(namespace=NAMESPACE))
+
+        retry = self.fresh(store, self.request(scope, now))
+        assert (retry.operation_id, retry.steps) == (crashed.operation_id, {"charge": b'{"id": 7}'})
+        if purged == PurgeResult():
+            return  # A store whose records expire by themselves (Redis, by its TTL) purges none.
+        # Past its expiry the attempt went with the purge, steps and identity: its retry is a
+        # new operation (as a retry of an expired completed record is).
+        again = self.fresh(store, self.request(expiring, now))
+        assert again.operation_id not in ("", expired.operation_id)
+        assert again.steps == {}
+        assert purged.abandoned >= 1
+
+    # Clocks: one clock decides, the store's (`now()`), whatever a caller's own clock says.
+
+    def test_the_store_clock_reads_as_timezone_now_gives_a_moment(self, store: BaseStore) -> None:
+        with override_settings(USE_TZ=True):
+            aware = store.now()
+        # Naive local time in a zone away from UTC: a store handing back naive UTC fails.
+        with override_settings(USE_TZ=False, TIME_ZONE="America/Sao_Paulo"):
+            naive = store.now()
+            in_fact = naive.timestamp()  # Read as local time, as Django reads naive times.
+
+        assert aware.utcoffset() == timedelta(0)
+        assert naive.tzinfo is None
+        assert abs(in_fact - aware.timestamp()) <= AGREEMENT.total_seconds()
+
+    def test_callers_whose_clocks_differ_agree_on_the_store_clock(self, store: BaseStore) -> None:
+        if not store.shared_between_processes:
+            # A store of one process has no other caller: its clock is that process's own.
+            with _wall_clock_shifted(SKEW):
+                assert abs(store.now() - timezone.now()) <= AGREEMENT
+            return
+        with _wall_clock_shifted(SKEW):
+            ahead = store.now()
+        with _wall_clock_shifted(-SKEW):
+            behind = self.make_store().now()  # Another instance, first read on this clock.
+            ahead_again = store.now()
+
+        assert abs(behind - ahead) <= AGREEMENT
+        assert abs(ahead_again - ahead) <= AGREEMENT
+
+    def test_a_caller_whose_clock_runs_ahead_never_takes_over_a_live_lease(
+        self, store: BaseStore, scope: Scope
+    ) -> None:
+        lease = SKEW / 3
+        if not store.shared_between_processes:
+            # One process, one clock: what it says is the store's clock, lease ends included.
+            with _wall_clock_shifted(SKEW):
+                claim = self.fresh(store, self.request(scope, store.now(), lease=lease))
+                live = self.request(scope, store.now() + lease / 2, lease=lease)
+                assert self.outcome(store, live) is Outcome.IN_PROGRESS
+                assert store.complete(claim, RESPONSE, store.now())
+            return
+        claim = self.fresh(store, self.request(scope, store.now(), lease=lease))
+
+        with _wall_clock_shifted(SKEW):  # Past the lease's end, by the caller's own clock.
+            retry = self.request(scope, store.now(), lease=lease)
+            assert self.outcome(store, retry) is Outcome.IN_PROGRESS
+            assert store.complete(claim, RESPONSE, store.now())
+
+        self.assert_replays(store, self.request(scope, store.now()), RESPONSE)
+
+    def test_a_clock_that_skips_an_hour_ends_no_lease_early(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        # Naive local time jumps an hour ahead when summer time starts: a lease across the
+        # jump still runs its length, a record its TTL, in fact.
+        with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
+            naive_now = timezone.make_naive(now) if timezone.is_aware(now) else now
+            skipped = _next_skipped_hour(naive_now, ZoneInfo(settings.TIME_ZONE))
+            assert skipped is not None
+            before = skipped - timedelta(minutes=1)  # 01:59, then the clock reads 03:00.
+            claim = self.fresh(
+                store,
+                self.request(scope, before, lease=timedelta(minutes=5), ttl=timedelta(hours=2)),
+            )
+            after = skipped + timedelta(hours=1, minutes=1)  # Two minutes later, in fact.
+
+            assert self.outcome(store, self.request(scope, after)) is Outcome.IN_PROGRESS
+            assert store.complete(claim, RESPONSE, after)
+            # 01:59 + two hours, in fact, is 04:59 on the clock.
+            self.assert_replays(store, self.request(scope, after + timedelta(hours=1)), RESPONSE)
+            self.fresh(store, self.request(scope, before + timedelta(hours=3)))
+
+    # Clocks that step or fold, as the callers pass them.
 
     def test_a_clock_that_steps_back_neither_takes_over_nor_loses_a_record(
         self, store: BaseStore, scope: Scope, now: datetime
@@ -547,6 +825,34 @@ class StoreContract:
         assert json.loads(retried.content)["type"].endswith(RESPONSE_NOT_STORED.slug)
         assert retried["Location"] == "/charges/7"
 
+    # Refused results: once the work ran, its claim is never lost to a value the store refuses.
+
+    @pytest.mark.parametrize(
+        "response",
+        [
+            StoredResponse(200, [("Content-Disposition", 'attachment; filename="a\x00.pdf"')]),
+            StoredResponse(200, [("X-Note", "ok")], b"", reason="Paid\x00"),
+        ],
+        ids=["nul-in-a-header", "nul-in-the-reason"],
+    )
+    def test_a_response_the_store_cannot_hold_is_refused_before_any_write_or_kept_exactly(
+        self, store: BaseStore, scope: Scope, now: datetime, response: StoredResponse
+    ) -> None:
+        claim = self.fresh(store, self.request(scope, now))
+        try:
+            kept = store.complete(claim, response, now)
+        except UnstorableResponse:
+            # Refused before it was sent: the claim is still held, and takes what the store can.
+            assert self.outcome(store, self.request(scope, now + MILLISECOND)) is (
+                Outcome.IN_PROGRESS
+            )
+            smaller = not_stored(response, "refused")
+            assert store.complete(claim, smaller, now)
+            self.assert_replays(store, self.request(scope, now + MILLISECOND), smaller)
+            return
+        assert kept
+        self.assert_replays(store, self.request(scope, now + MILLISECOND), response)
+
     # Atomic mode, for a store that holds claims in the view's transaction.
 
     def test_an_atomic_claim_commits_with_its_transaction_or_not_at_all(
@@ -570,6 +876,37 @@ class StoreContract:
         assert owns_transaction
         self.assert_replays(store, self.request(kept, now + MILLISECOND), RESPONSE)
         self.fresh(store, self.request(discarded, now + MILLISECOND))
+
+
+@contextlib.contextmanager
+def _wall_clock_shifted(by: timedelta) -> Iterator[None]:
+    """This process's wall clock, as Python code reads it (`time.time`, `time.time_ns`,
+    `django.utils.timezone.now`), moved `by` ahead (behind, if negative): a server whose clock
+    differs from the store's."""
+    seconds, moved = by.total_seconds(), timezone.now
+    wall, wall_ns = time.time, time.time_ns
+    with (
+        mock.patch.object(time, "time", lambda: wall() + seconds),
+        mock.patch.object(time, "time_ns", lambda: wall_ns() + int(seconds * 1e9)),
+        mock.patch.object(timezone, "now", lambda: moved() + by),
+    ):
+        yield
+
+
+def _next_skipped_hour(after: datetime, zone: ZoneInfo) -> datetime | None:
+    """The naive start of the next hour `zone`'s clocks skip (the start of summer time)."""
+    hour = after.replace(minute=0, second=0, microsecond=0, tzinfo=None)
+    for _ in range(2 * 366 * 24):
+        hour += timedelta(hours=1)
+        # An hour that does not exist reads with winter's offset before the jump (fold=0).
+        offsets = (
+            hour.replace(tzinfo=zone).utcoffset(),
+            hour.replace(tzinfo=zone, fold=1).utcoffset(),
+        )
+        assert offsets[0] is not None and offsets[1] is not None
+        if offsets[0] < offsets[1]:
+            return hour
+    return None
 
 
 def _next_repeated_hour(after: datetime, zone: ZoneInfo) -> datetime | None:

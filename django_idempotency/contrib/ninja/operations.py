@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -11,13 +12,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from ninja.errors import HttpError
-from ninja.operation import Operation
+from ninja.operation import Operation, PathView
 from ninja.utils import contribute_operation_callback
 
 from django_idempotency.conf import Mode, OnConflict, conf
 from django_idempotency.contrib.ninja.schema import SchemaExtra
 from django_idempotency.http import guard
-from django_idempotency.http.options import Options
+from django_idempotency.http.exempt import exempt_by_default
+from django_idempotency.http.options import Options, is_exempt
 from django_idempotency.http.problems import ProblemResponse
 
 Func = TypeVar("Func", bound=Callable[..., Any])
@@ -79,13 +81,17 @@ def _install(options: Options, operation: Operation) -> None:
 
 
 def _guarding(
-    options: Options, own_extra: dict[str, Any] | None
+    options: Options, own_extra: dict[str, Any] | None, *, behind_middleware: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The guard around an operation's run. `behind_middleware`: only for the requests that
+    IdempotencyMiddleware handed over (`guarded_behind_middleware`), documented in no schema."""
+
     def guarding(run: Callable[..., Any]) -> Callable[..., Any]:
         operation = _operation_of(run)
         checks = operation._run_checks
-        # Here, not once: a copy of the operation has a snapshot of the original's.
-        operation.openapi_extra = SchemaExtra(operation, options, own_extra)
+        if not behind_middleware:
+            # Here, not once: a copy of the operation has a snapshot of the original's.
+            operation.openapi_extra = SchemaExtra(operation, options, own_extra)
 
         if operation.is_async:
 
@@ -97,6 +103,8 @@ def _guarding(
                 return await checks(request)  # type: ignore[no-any-return,misc]  # pragma: no cover
 
             async def run_async(request: HttpRequest, **kw: Any) -> HttpResponseBase:
+                if behind_middleware and not getattr(request, _HANDED_OVER, False):
+                    return await run(request, **kw)  # type: ignore[no-any-return]
                 error = await checks(request)  # type: ignore[misc]
                 if error:
                     return error  # type: ignore[no-any-return]
@@ -112,6 +120,8 @@ def _guarding(
             return None if getattr(request, _CHECKED, False) else checks(request)
 
         def run_sync(request: HttpRequest, **kw: Any) -> HttpResponseBase:
+            if behind_middleware and not getattr(request, _HANDED_OVER, False):
+                return run(request, **kw)  # type: ignore[no-any-return]
             error = checks(request)
             if error:
                 return error
@@ -124,6 +134,58 @@ def _guarding(
         return run_sync
 
     return guarding
+
+
+# IdempotencyMiddleware guards plain Django views before they run; a Ninja API's view would be
+# guarded before Ninja's authentication, its key scoped by no one Ninja authenticated and its
+# replays sent to clients `auth=` refuses. It hands such a request over to the operation instead
+# (this mark on the request), which guards it after Ninja's checks as `@idempotent` would.
+_HANDED_OVER = "_idempotency_ninja_handed_over"
+# Set on an operation once it carries the middleware's guard; installed under the lock, once.
+_BEHIND_MIDDLEWARE = "_idempotency_behind_middleware"
+_installing = threading.Lock()
+
+
+def guarded_behind_middleware(request: HttpRequest, view: Callable[..., Any]) -> bool:
+    """Whether `view` is a Ninja API's: if so its operation guards `request` after Ninja's
+    checks (IdempotencyMiddleware then leaves the request alone), unless `@idempotent` guards it
+    already or the operation is exempt (``@idempotency_exempt``, IDEMPOTENCY_EXEMPT_VIEWS)."""
+    path_view = _path_view_of(view)
+    if path_view is None:
+        return False
+    operation = path_view._find_operation(request)
+    if operation is None:  # Ninja answers 405.
+        return True
+    function = operation.view_func
+    if (
+        hasattr(function, "idempotency_options")
+        or is_exempt(function)
+        or exempt_by_default(function)
+    ):
+        return True
+    with _installing:
+        if not getattr(operation, _BEHIND_MIDDLEWARE, False):
+            guarding = _guarding(Options(), None, behind_middleware=True)
+            operation.run = guarding(operation.run)  # type: ignore[method-assign]
+            setattr(operation, _BEHIND_MIDDLEWARE, True)
+    setattr(request, _HANDED_OVER, True)
+    return True
+
+
+def _path_view_of(view: Callable[..., Any]) -> PathView | None:
+    """The Ninja PathView a URL pattern's view calls: the view's closure (Ninja 1.4 and later)
+    or the bound method it is (earlier)."""
+    owner = getattr(view, "__self__", None)
+    if isinstance(owner, PathView):
+        return owner
+    for cell in getattr(view, "__closure__", None) or ():
+        try:
+            content = cell.cell_contents
+        except ValueError:  # pragma: no cover  # An empty cell: not Ninja's view, whose is set.
+            continue
+        if isinstance(content, PathView):
+            return content
+    return None
 
 
 def _operation_of(run: Callable[..., Any]) -> Operation:

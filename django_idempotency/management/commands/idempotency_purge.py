@@ -30,8 +30,8 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     help = (
-        "Delete expired idempotency records and abandoned in-progress claims, in short batches "
-        "so live requests are not held up."
+        "Delete expired idempotency records (in-progress claims too, once their lease ran out), "
+        "in short batches so live requests are not held up."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
