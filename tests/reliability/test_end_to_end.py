@@ -311,14 +311,26 @@ def test_every_payout_is_executed_once_at_the_bank(
             # 409: the claim of a killed worker, until its lease ends; 0: the worker died.
             time.sleep(0.25)
 
+    def claimed(payout: Payout) -> bool:
+        return bool(
+            db.rows(
+                'SELECT 1 FROM django_idempotency_record WHERE namespace = %s AND "key" = %s',
+                "payouts",
+                payout.key,
+            )
+        )
+
+    def send_duplicate(payout: Payout) -> None:
+        """Once the payout's first lease would have ended: counted from its claim, not from
+        its request, which a loaded machine may serve seconds late (the duplicate then came
+        first, and the payout itself was answered 409)."""
+        wait_until(lambda: claimed(payout), 60, f"the claim of {payout.reference}")
+        time.sleep(LEASE + 1.5)
+        duplicates.setdefault(payout.reference, post(caller.url, PATH, payout.body, payout.key))
+
     def pay_slowly(payout: Payout) -> None:
         """Pay, and send a duplicate once the payout's first lease would have ended."""
-        duplicate = threading.Timer(
-            LEASE + 1.5,
-            lambda: duplicates.setdefault(
-                payout.reference, post(caller.url, PATH, payout.body, payout.key)
-            ),
-        )
+        duplicate = threading.Thread(target=send_duplicate, args=(payout,))
         duplicate.start()
         pay(payout)
         duplicate.join()
