@@ -28,6 +28,7 @@ DATABASE_TESTS = frozenset(
         "tests/test_migrations.py",
         "tests/test_pgbouncer.py",
         "tests/test_purge.py",
+        "tests/test_purge_resumes.py",
         "tests/test_records_database.py",
         "tests/test_results.py",
         "tests/test_roads.py",
