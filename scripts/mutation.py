@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
+import tomllib
 
-from mutation_gate import BARS, KILLED, MUTANTS, read_results
+from mutation_gate import BARS, KILLED, MUTANTS, ROOT, read_results
 from mutation_gate import main as gate
 
 SERVERS = {
@@ -61,7 +63,23 @@ def run_mutmut(database: str, names: list[str], children: int) -> None:
     env = {**os.environ, "DATABASE_URL": database_url(database), "TEST_DATABASE_PER_PROCESS": "1"}
     print(f"mutmut on {database}: {len(names)} mutants or globs", flush=True)
     command = ["mutmut", "run", "--max-children", str(children), *names]
-    subprocess.run(command, env=env, check=True)
+    if code := subprocess.run(command, cwd=ROOT, env=env, check=False).returncode:
+        sys.exit(f"mutmut stopped on {database} (exit {code}). {_why(env['DATABASE_URL'])}")
+
+
+def _why(url: str) -> str:
+    """What to do when mutmut stops: it hides the output of the pytest runs it makes."""
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        mutmut = tomllib.load(file)["tool"]["mutmut"]
+    pytest = ["python", "-m", "pytest", "-x", *mutmut["pytest_add_cli_args"]]
+    pytest += mutmut["pytest_add_cli_args_test_selection"]
+    return (
+        "When it failed to collect stats or to run the clean tests, a test fails inside mutants/,"
+        " where mutmut hides pytest's output; see which with\n"
+        f"    cd mutants && DATABASE_URL={shlex.quote(url)} {shlex.join(pytest)}\n"
+        "A file the tests read that mutmut does not copy goes in also_copy ([tool.mutmut] in"
+        " pyproject.toml)."
+    )
 
 
 def main() -> int:

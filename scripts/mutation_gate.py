@@ -31,6 +31,8 @@ BARS = {"core": 0.95, "stores": 0.85, "http": 0.85}
 KILLED = {1, 3, 36, 24, -24, 152, 255, 37}
 SURVIVED = {0}
 NO_TESTS = {5, 33}
+# What the others mean, for the list of mutants without a verdict.
+_VERDICTS = {None: "not run", 2: "interrupted", 34: "skipped", 35: "suspicious"}
 
 
 @dataclass
@@ -137,10 +139,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    survived: {name}")
         for name in score.no_tests:
             print(f"    no tests: {name}")
+        for name in score.other:
+            print(f"    no verdict ({_VERDICTS.get(results[package][name], 'crashed')}): {name}")
         if not score.total:
             failures.append(f"{package}: no mutants: run `mutmut run` first")
         elif score.other:
-            failures.append(f"{package}: {len(score.other)} mutants not run: finish `mutmut run`")
+            failures.append(
+                f"{package}: {len(score.other)} mutants without a verdict: finish `mutmut run`, or"
+                " run each again (`mutmut run <id>`)"
+            )
         elif with_equivalents < BARS[package]:
             failures.append(
                 f"{package}: {with_equivalents:.1%} is under the bar of {BARS[package]:.0%}"
