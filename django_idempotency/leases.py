@@ -72,7 +72,8 @@ class Heartbeat:
     The thread is a native OS thread, and its locks native ones, also under gevent: there
     `threading.Thread` would make a greenlet of it, which work computing without yielding
     (longer than its lease) would starve, and another worker would take its key over. Only the
-    leases of a store whose connections belong to the greenlets there (the Redis store) are
+    leases of a store whose connections belong to the greenlets there (`BaseStore.
+    greenlet_bound_connections`; the Redis store opens clients of the thread's own instead) are
     renewed by a second heartbeat, a greenlet (`native=False`), with a warning.
     """
 
@@ -84,7 +85,7 @@ class Heartbeat:
         self._pid = os.getpid()
         self._schedule = threads.Lock()  # Guards what follows (a hold's flags: its `renewing`).
         self._wakeup = threads.Wakeup(native=self._native)
-        self._greenlets: Heartbeat | None = None  # Under gevent, for the Redis store's leases.
+        self._greenlets: Heartbeat | None = None  # Under gevent, for greenlet-bound stores.
         self._due: list[tuple[float, int, Hold]] = []
         self._ended = 0  # Ended holds still in the schedule (it drops them as they come due).
         self._counter = itertools.count()
@@ -113,9 +114,8 @@ class Heartbeat:
 
     def _serves(self, store: BaseStore) -> bool:
         """Whether this heartbeat renews `store`'s leases. Under gevent the native one does not
-        renew those of a store whose connections belong to the greenlets' thread (redis-py's
-        pool): it must not use them, and leaves them to a greenlet, which work that does not
-        yield starves."""
+        renew those of a store whose connections belong to the greenlets' thread: it must not
+        use them, and leaves them to a greenlet, which work that does not yield starves."""
         library = threads.green()
         if library == "eventlet":
             self._warn_once(
@@ -145,7 +145,7 @@ class Heartbeat:
         """Renew no more; holds that ended at the head of the schedule are dropped at once, so
         that the thread does not wake for them."""
         if hold.schedule is not None and hold.schedule is not self:
-            hold.schedule.end(hold)  # A Redis store's, under gevent: the greenlets' heartbeat.
+            hold.schedule.end(hold)  # A greenlet-bound store's: the greenlets' heartbeat.
             return
         with hold.renewing:
             if hold.ended:

@@ -100,6 +100,18 @@ class Wakeup:
 _natives: set[int] = set()
 
 
+def native_under_gevent() -> bool:
+    """Whether the calling thread is a native one `start_thread` started under gevent (the
+    heartbeat's): the sockets the greenlets' thread opened belong to its hub, not to this one."""
+    return green() == "gevent" and _original("get_ident")() in _natives
+
+
+def native_local() -> Any:
+    """A `threading.local` of native threads: under gevent, `threading.local` is each
+    greenlet's, and a native thread's own data must die with the thread, not its greenlet."""
+    return _original("_local")()
+
+
 def start_thread(target: Callable[[], None], name: str, *, native: bool = True) -> None:
     """Run `target` in a new daemon thread (it never holds the process up at its exit) called
     `name`: a native OS thread, under gevent too, where `threading.Thread` would make a

@@ -400,7 +400,7 @@ class RenewalsNoted(BaseStore):
 
 
 class BoundToGreenlets(RenewalsNoted):
-    greenlet_bound_connections = True  # As the Redis store's connections under gevent.
+    greenlet_bound_connections = True  # A store whose pooled connections are the greenlets'.
 
 
 class Holding:

@@ -19,6 +19,7 @@ import pytest
 from django.db import connection
 
 from django_idempotency.stores.redis import RedisStore
+from tests.stores import redis_settings
 
 LEASE = 2.0  # Seconds: the view computes three times as long, never yielding to gevent.
 DATABASE_SETTINGS = ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")
@@ -33,6 +34,7 @@ ALLOWED_HOSTS = ["127.0.0.1"]
 ROOT_URLCONF = "gevent_site_urls"
 INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_idempotency"]
 DATABASES = {"default": json.loads(os.environ["LEASES_DATABASE"])}
+globals().update(json.loads(os.environ["LEASES_STORE"]))  # The store's settings.
 LOGGING = {
     "version": 1,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
@@ -65,21 +67,32 @@ urlpatterns = [path("compute/", compute)]
 
 
 @pytest.fixture
-def gevent_workers(tmp_path: Path, transactional_db: None) -> Iterator[tuple[str, Path, Path]]:
-    """gunicorn -k gevent with two workers, on the test database; its URL, run file and log."""
+def gevent_workers(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[str, Path, Path]]:
+    """gunicorn -k gevent with two workers, on the store the test is parametrized with (the
+    database store on the test database, or the Redis store); its URL, run file and log."""
     (tmp_path / "gevent_site_settings.py").write_text(SETTINGS)
     (tmp_path / "gevent_site_urls.py").write_text(URLS)
     runs, log = tmp_path / "runs", tmp_path / "gunicorn.log"
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    # The test database, as this process reaches it.
-    database = {name: connection.settings_dict[name] for name in DATABASE_SETTINGS}
+    if request.param == "redis":
+        # Keys prefixed by this process, as the tests' own, on the test Redis (or Cluster).
+        store = redis_settings()
+        database = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "db")}
+    else:
+        request.getfixturevalue("transactional_db")
+        store = {}
+        # The test database, as this process reaches it.
+        database = {name: connection.settings_dict[name] for name in DATABASE_SETTINGS}
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
         "DJANGO_SETTINGS_MODULE": "gevent_site_settings",
         "LEASES_DATABASE": json.dumps(database, default=str),
+        "LEASES_STORE": json.dumps(store),
         "LEASES_RUNS": str(runs),
     }
     server = subprocess.Popen(
@@ -123,10 +136,18 @@ def post(url: str, key: str) -> int:
         return error.code
 
 
-# On PostgreSQL, the production target (about 30 s, most of it the workers' start): the path is
-# the same on every database, each thread with connections of its own.
-@pytest.mark.postgresql
-@pytest.mark.django_db(transaction=True)
+# The database store on PostgreSQL, the production target (about 30 s, most of it the workers'
+# start): the path is the same on every database, each thread with connections of its own. The
+# Redis store, whose heartbeat under gevent opens a client of its own (django-redis's pooled
+# sockets are the greenlets').
+@pytest.mark.parametrize(
+    "gevent_workers",
+    [
+        pytest.param("database", marks=pytest.mark.postgresql),
+        pytest.param("redis", marks=pytest.mark.redis),
+    ],
+    indirect=True,
+)
 def test_a_gevent_worker_computing_three_times_its_lease_keeps_its_key(
     gevent_workers: tuple[str, Path, Path],
 ) -> None:
@@ -155,8 +176,8 @@ def test_a_gevent_worker_computing_three_times_its_lease_keeps_its_key(
 
 
 # In a process gevent patched, without a server: the heartbeat's thread is a native one, which
-# renews while the only greenlet computes; a store whose pooled connections belong to the
-# greenlets' thread (the Redis store's) is renewed by a greenlet, when the work yields.
+# renews while the only greenlet computes; a store that says its pooled connections belong to the
+# greenlets' thread (`greenlet_bound_connections`) is renewed by a greenlet, when the work yields.
 PATCHED = """
 from gevent import monkey
 
@@ -240,4 +261,4 @@ def test_under_gevent_the_heartbeat_is_a_native_thread_that_computing_does_not_s
     assert outcome["renewed_in"]["BoundStore"] == [main]
     [warning] = outcome["warnings"]
     assert warning.startswith("Under gevent, the leases of BoundStore are renewed by a greenlet")
-    assert RedisStore.greenlet_bound_connections
+    assert not RedisStore.greenlet_bound_connections  # Its heartbeat has clients of its own.

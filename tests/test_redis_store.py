@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import logging
 import re
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,6 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 from django.utils import timezone
 
+from django_idempotency import threads
 from django_idempotency.attempts import Attempt
 from django_idempotency.core.keys import key_hash
 from django_idempotency.core.outcomes import Outcome, Scope, StoredResponse
@@ -616,3 +619,43 @@ def test_a_redis_cluster_location_naming_a_database_says_to_use_key_prefix() -> 
         f"{location!r}: a Redis Cluster has database 0 only. Drop the /2 from the LOCATION and"
         " keep caches apart with KEY_PREFIX instead."
     )
+
+
+def test_under_gevent_the_heartbeats_native_thread_renews_through_a_client_of_its_own(
+    redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As under gevent, in this process (which gevent did not patch: it hands back the functions
+    # it would have saved). tests/test_leases_gevent.py serves it under a real gevent worker.
+    importlib.import_module("gevent.monkey")
+    monkeypatch.setattr(threads, "green", lambda: "gevent")
+    claim = redis_store.begin(claim_request(lease=1))
+    shared = redis_store.connection()
+    seen: dict[str, Any] = {}
+    done = threading.Event()
+
+    def renew_natively() -> None:
+        try:
+            seen["clients"] = [redis_store.connection(), redis_store.connection()]
+            seen["renewed"] = redis_store.renew(claim, redis_store.now() + timedelta(minutes=5))
+        finally:
+            done.set()
+
+    threads.start_thread(renew_natively, "heartbeat", native=True)
+    assert done.wait(30)
+
+    first, second = seen["clients"]
+    assert first is second  # Made once per thread.
+    assert first is not shared
+    assert _pools(first).isdisjoint(_pools(shared))  # No socket of the greenlets' pools.
+    assert seen["renewed"]
+    [key] = redis_keys(redis_store)
+    lease_ends = int(shared.hget(key, "lease_expires_at")) / 1000
+    assert lease_ends > (timezone.now() + timedelta(minutes=4)).timestamp()
+    assert redis_store.connection() is shared  # The other threads' client is django-redis's.
+
+
+def _pools(client: Any) -> set[int]:
+    """The ids of a client's connection pools (a Redis Cluster's: one per node)."""
+    if isinstance(client, redis.RedisCluster):
+        return {id(node.redis_connection.connection_pool) for node in client.get_nodes()}
+    return {id(client.connection_pool)}

@@ -179,9 +179,9 @@ class BaseStore:
     # guard refuses it under a server that says several processes serve the site.
     shared_between_processes = True
     # True for a store whose connections, under gevent, belong to the thread that opened them
-    # and are shared by the process's threads (redis-py's pool): the heartbeat, a native
-    # thread there, then cannot renew its leases. Django's database connections are each
-    # thread's own.
+    # and are shared by the process's threads: the heartbeat, a native thread there, then
+    # cannot renew its leases. Django's database connections are each thread's own; the Redis
+    # store opens a client of the heartbeat thread's own (`threads.native_under_gevent`).
     greenlet_bound_connections = False
 
     def now(self) -> datetime:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
 
+from django_idempotency import threads
 from django_idempotency.conf import conf
 from django_idempotency.core.keys import key_hash
 from django_idempotency.core.outcomes import (
@@ -198,23 +199,26 @@ class RedisStore(BaseStore):
     """
 
     supports_atomic = False
-    # redis-py's pool is shared by every thread; under gevent its sockets are the hub's.
-    greenlet_bound_connections = True
 
     def __init__(self) -> None:
         self._scripts: dict[str, Script] = {}
         self._policies_checked: set[str] = set()  # The aliases whose eviction policy was read.
         self._clocks: dict[str, StoreClock] = {}  # Each alias's Redis clock.
+        self._native = threads.native_local()  # Under gevent, the heartbeat thread's clients.
 
     @property
     def alias(self) -> str:
         return conf.REDIS_CACHE
 
     def connection(self) -> Redis | RedisCluster:
+        """The alias's client: django-redis's, shared by the process's threads; under gevent,
+        in the heartbeat's native thread, a client of that thread's own."""
         # django-redis ships no type information.
         from django_redis import get_redis_connection  # type: ignore[import-untyped]
 
         try:
+            if threads.native_under_gevent():
+                return self._native_connection()
             # A RedisCluster with django_idempotency.contrib.redis_cluster.RedisClusterClient.
             return cast("Redis | RedisCluster", get_redis_connection(self.alias, write=True))
         except NotImplementedError as exc:
@@ -222,6 +226,17 @@ class RedisStore(BaseStore):
                 f"IDEMPOTENCY_REDIS_CACHE = {self.alias!r} is not a django-redis cache: the"
                 " Redis store needs its connection (BACKEND django_redis.cache.RedisCache)."
             ) from exc
+
+    def _native_connection(self) -> Redis | RedisCluster:
+        """A client with a pool of the calling native thread's own, made in it. Under gevent
+        the sockets of django-redis's pool belong to the greenlets' hub, which a native thread
+        must not use, and the pool's locks are greenlets'; sockets opened in the heartbeat's
+        thread belong to its own hub, and it renews leases while the greenlets compute."""
+        clients = self._native.__dict__.setdefault("clients", {})
+        client = clients.get(self.alias)
+        if client is None:
+            client = clients[self.alias] = _client_of_its_own(self.alias)
+        return cast("Redis | RedisCluster", client)
 
     def now(self) -> datetime:
         """Redis's clock (`TIME`), read once a minute per alias (see `stores.clocks`); on a
@@ -468,6 +483,21 @@ class RedisStore(BaseStore):
                     policy,
                 )
         self._policies_checked.add(self.alias)
+
+
+def _client_of_its_own(alias: str) -> Any:
+    """A client of the django-redis alias as django-redis makes it (the alias's factory, URL,
+    options and client class), but with a connection pool of its own, not the process's."""
+    client: Any = getattr(caches[alias], "client", None)
+    if not hasattr(client, "connection_factory"):
+        raise NotImplementedError  # Not django-redis's: the caller says so.
+    afresh = getattr(client, "connect_afresh", None)  # RedisClusterClient's.
+    if afresh is not None:
+        return afresh()
+    factory = client.connection_factory
+    params = factory.make_connection_params(client._server[0])  # The primary, as write=True.
+    pool = factory.get_connection_pool(params)  # Not get_or_create: the shared one.
+    return factory.redis_client_cls(connection_pool=pool, **factory.redis_client_cls_kwargs)
 
 
 def _resumed(found: Any) -> bool:

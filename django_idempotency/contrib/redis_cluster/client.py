@@ -33,6 +33,17 @@ class RedisClusterClient(DefaultClient):  # type: ignore[misc]  # django-redis i
     """
 
     def connect(self, index: int = 0) -> RedisCluster:
+        """The process's RedisCluster for the alias, shared by its threads."""
+        return cluster(*self._cluster_arguments())
+
+    def connect_afresh(self) -> RedisCluster:
+        """A RedisCluster of the caller's own, with its own connection pools: the Redis
+        store's heartbeat thread under gevent, where the shared one's sockets are the
+        greenlets'."""
+        urls, options = self._cluster_arguments()
+        return _new_cluster(urls, options)
+
+    def _cluster_arguments(self) -> tuple[list[str], dict[str, Any]]:
         urls = list(self._server)
         for url in urls:
             database = urlsplit(url).path.strip("/")
@@ -49,7 +60,7 @@ class RedisClusterClient(DefaultClient):  # type: ignore[misc]  # django-redis i
             **self._options.get("CONNECTION_POOL_KWARGS", {}),
             **self._options.get("REDIS_CLIENT_KWARGS", {}),
         }
-        return cluster(urls, options)
+        return urls, options
 
     def disconnect(self, index: int = 0, client: Any = None) -> None:
         """Nothing: the cluster's connections are shared by the whole process."""
@@ -79,10 +90,13 @@ def cluster(urls: list[str], options: dict[str, Any]) -> RedisCluster:
         with _lock:
             found = _clusters.get(identity)
             if found is None:
-                others = [_node(url) for url in urls[1:]]
-                found = RedisCluster.from_url(urls[0], startup_nodes=others, **options)
-                _clusters[identity] = found
+                found = _clusters[identity] = _new_cluster(urls, options)
     return found
+
+
+def _new_cluster(urls: list[str], options: dict[str, Any]) -> RedisCluster:
+    others = [_node(url) for url in urls[1:]]
+    return RedisCluster.from_url(urls[0], startup_nodes=others, **options)
 
 
 def _node(url: str) -> ClusterNode:
