@@ -134,6 +134,9 @@ class Attempt:
         # carried one downstream, so a failing attempt keeps its record, as once steps are
         # stored, for the same request's retry to send the same keys.
         self.identity_shared = False
+        # The request's form was invalid (`forms.IdempotentFormMixin`): the view changed nothing,
+        # and its answer (the form shown again, with the same key) is not stored.
+        self.changed_nothing = False
 
     def __enter__(self) -> Attempt:
         return self
@@ -405,7 +408,7 @@ class Attempt:
                     return  # Still this attempt's until its end; the heartbeat tries again.
                 raise LeaseLost(
                     "This attempt's idempotency lease ran out and could not be renewed"
-                    f" ({exc or type(exc).__name__}): stop here, before the next side effect."
+                    f" ({str(exc) or type(exc).__name__}): stop here, before the next side effect."
                     " The key may have been taken over; a retry runs the work from its last"
                     " stored step."
                 ) from exc
@@ -467,8 +470,12 @@ class Attempt:
         with its lease ended instead, so that the client's retry takes it over and resumes the
         same operation: after those steps, with the same keys."""
         if self.steps or self.identity_shared:
-            with contextlib.suppress(NotImplementedError):  # A store without leases to end.
+            try:
                 return self.store.renew(claim, self.store.now())
+            except NotImplementedError:
+                # A store without leases to end: the claim ends with its lease, and the retry
+                # that takes it over then resumes. Released, the steps would go with it.
+                return False
         return self.store.release(claim)
 
     def release(self, *, rollback: bool = True) -> None:

@@ -114,6 +114,13 @@ class Settings:
         return str(value)
 
     @cached_property
+    def FORM_FIELD(self) -> str | None:
+        """The form field an HTML form carries the key in, read when no header is sent; None:
+        keys come in the header only."""
+        value = self._get("IDEMPOTENCY_FORM_FIELD", "idempotency_key")
+        return None if value is None else str(value)
+
+    @cached_property
     def METHODS(self) -> tuple[str, ...]:
         value = self._get("IDEMPOTENCY_METHODS", ("POST", "PATCH"))
         return tuple(m.upper() for m in ([value] if isinstance(value, str) else value))

@@ -133,6 +133,8 @@ PAYMENTS_WEBHOOK_SECRET = os.environ.get(
     "PAYMENTS_WEBHOOK_SECRET", "whsec_ZGVtby1vbmx5LW5vdC1hLXJlYWwtc2lnbmluZy1rZXk="
 )
 BANK_API_URL = os.environ.get("BANK_API_URL", "")
+# Seconds the shop's checkout takes to pay (the provider's time): long enough to click twice.
+SHOP_PAYMENT_SECONDS = float(os.environ.get("SHOP_PAYMENT_SECONDS", "0.5"))
 # Test-only: the payouts' crash points (testproject/payments/crashes.py), off unless set.
 DEMO_CRASH_POINTS = os.environ.get("DEMO_CRASH_POINTS", "")
 DEMO_CRASH_SEED = os.environ.get("DEMO_CRASH_SEED", "0")

@@ -8,7 +8,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from testproject.payments import views
+from testproject.payments import shop, views
 from testproject.payments.ninja_api import api as ninja_api
 
 router = DefaultRouter()
@@ -28,6 +28,9 @@ urlpatterns = [
     path("api/refunds/", views.create_refund, name="refund-create"),
     path("api/payouts/", views.create_payout, name="payout-create"),
     path("checkout/", views.checkout, name="checkout"),
+    # The shop's HTML checkout, a Django form (docs/forms.md).
+    path("shop/checkout/", shop.checkout, name="shop-checkout"),
+    path("shop/receipts/<int:pk>/", shop.receipt, name="shop-receipt"),
     path("webhooks/provider/", views.provider_webhook, name="provider-webhook"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

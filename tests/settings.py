@@ -102,6 +102,7 @@ IDEMPOTENCY_WAIT_TIMEOUT = 5
 # What the demo's examples read (testproject/settings.py sets them for the demo).
 PAYMENTS_WEBHOOK_SECRET = "whsec_dGVzdHMtb25seS1wcm92aWRlci1zZWNyZXQ="
 BANK_API_URL = ""
+SHOP_PAYMENT_SECONDS = 0.0  # The browser tests set a second: two clicks while it pays.
 DEMO_CRASH_POINTS = ""
 DEMO_CRASH_SEED = "0"
 DEMO_CRASH_DIR = ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import types
 from collections.abc import Iterator
@@ -75,6 +76,7 @@ E022 = "django_idempotency.E022"
 W008 = "django_idempotency.W008"
 E023 = "django_idempotency.E023"
 E024 = "django_idempotency.E024"
+E025 = "django_idempotency.E025"
 # Fernet keys made for these tests only (Fernet.generate_key()).
 FERNET_KEY = "5pHGT1e0MXG1VOi1S9f7Yq3yHo9mB1kYp2lIuJ7vW3k="
 REDIS_STORE = "django_idempotency.stores.redis.RedisStore"
@@ -561,6 +563,24 @@ FIRES = [
         id="E023-a-bare-key",
     ),
     pytest.param(
+        E025,
+        {"IDEMPOTENCY_FORM_FIELD": "idempotency key"},
+        ["IDEMPOTENCY_FORM_FIELD = 'idempotency key' is not a form field name of letters"],
+        id="E025-space",
+    ),
+    pytest.param(
+        E025,
+        {"IDEMPOTENCY_FORM_FIELD": "csrfmiddlewaretoken"},
+        ["IDEMPOTENCY_FORM_FIELD = 'csrfmiddlewaretoken' is the CSRF token's field"],
+        id="E025-csrf-token",
+    ),
+    pytest.param(
+        E025,
+        {"IDEMPOTENCY_FORM_FIELD": ""},
+        ["IDEMPOTENCY_FORM_FIELD = '' is not a form field name"],
+        id="E025-empty",
+    ),
+    pytest.param(
         E023,
         {"IDEMPOTENCY_ENCRYPTION_KEYS": []},
         ["IDEMPOTENCY_ENCRYPTION_KEYS must be a non-empty list of Fernet keys"],
@@ -984,6 +1004,12 @@ def test_every_invalid_view_attribute_is_reported() -> None:
     ]
 
 
+def test_the_encryption_keys_hint_names_the_environment_variable_the_docs_use() -> None:
+    [message] = [m for m in ours(IDEMPOTENCY_ENCRYPTION_KEYS=[]) if m.id == E023]
+
+    assert 'os.environ["IDEMPOTENCY_ENCRYPTION_KEY"]' in str(message.hint)
+
+
 def test_a_string_boolean_stops_manage_py_check() -> None:
     with configured(IDEMPOTENCY_ENABLED="false"), pytest.raises(SystemCheckError) as error:
         call_command("check")
@@ -1035,6 +1061,22 @@ def test_an_unapplied_migration_is_reported_by_check_database() -> None:
         " 0005_record_steps, 0006_outbound_calls, 0007_operation_identity."
     )
     assert str(message.hint).startswith("Run `python manage.py migrate django_idempotency`")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrate_on_a_fresh_database_does_not_tell_to_run_migrate() -> None:
+    # migrate runs the database checks before it applies the migrations: W006 and W007 would
+    # tell whoever is running migrate to run it.
+    call_command("migrate", "django_idempotency", "zero", verbosity=0)
+    said = io.StringIO()
+    try:
+        call_command("migrate", "django_idempotency", skip_checks=False, stdout=said, stderr=said)
+    finally:
+        call_command("migrate", "django_idempotency", verbosity=0)
+
+    assert "W006" not in said.getvalue() and "W007" not in said.getvalue(), said.getvalue()
+    assert "Applying django_idempotency.0007_operation_identity... OK" in said.getvalue()
+    assert _database_messages() == []
 
 
 @pytest.mark.django_db

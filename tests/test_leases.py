@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -26,13 +27,13 @@ from rest_framework.response import Response
 from django_idempotency import idempotent, idempotent_function, threads
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.core.outcomes import Claim, Outcome, StoredResponse
-from django_idempotency.exceptions import LeaseLost
-from django_idempotency.leases import Heartbeat, heartbeat
+from django_idempotency.exceptions import LeaseLost, StoreUnavailable
+from django_idempotency.leases import COMPACT_AFTER, Heartbeat, Hold, heartbeat
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.steps import step
 from django_idempotency.stores import BaseStore, RecordLocked, get_store
 from tests.stores import take_over_running, the_record
-from tests.utils import lose_database, post
+from tests.utils import in_a_forked_child, lose_database, post, wait_for
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
 
@@ -404,6 +405,8 @@ class BoundToGreenlets(RenewalsNoted):
 
 
 class Holding:
+    claim: Claim | None  # As a `leases.Holder`'s.
+
     def __init__(self, store: BaseStore) -> None:
         self.store, self.claim = store, Claim(Outcome.FRESH)
 
@@ -457,12 +460,14 @@ def test_a_greenlet_waits_for_a_lock_a_native_thread_holds_without_blocking_its_
     monkeypatch.setattr(threads, "green", lambda: "gevent")
     lock, released = threads.Lock(), threading.Event()
     naps: list[float] = []
-    monkeypatch.setattr(threads.time, "sleep", lambda seconds: naps.append(seconds) or nap())
 
-    def nap() -> None:
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
         if len(naps) == 3:  # The greenlets ran three times: the native thread lets go.
             lock.release()
             released.set()
+
+    monkeypatch.setattr("django_idempotency.threads.time.sleep", nap)
 
     assert lock.acquire()
     assert not lock.acquire(blocking=False)
@@ -493,6 +498,7 @@ def test_a_renewal_that_met_a_locked_record_is_not_announced_and_is_tried_again(
 
     with caplog.at_level(logging.INFO, logger="django_idempotency"):
         beating.beat()
+    assert holding.claim is not None
     assert holding.claim.lease_expires_at is None  # Not renewed, and not said to be.
     [note] = [r for r in caplog.records if r.name == "django_idempotency"]
     assert (note.levelno, note.getMessage()) == (
@@ -523,3 +529,218 @@ def test_green_names_the_library_that_made_threads_greenlets(
     assert threads.green() == "eventlet"
     monkeypatch.setitem(sys.modules, "gevent.monkey", patched("threading"))
     assert threads.green() == "gevent"
+
+
+# The heartbeat's own failure paths, each driven by a store that fails one way.
+
+
+class RenewNotImplemented(RenewalsNoted):
+    """A store of the project's that does not implement renew(), as the store contract allows."""
+
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        self.renewed_in.append(threading.current_thread().name)
+        raise NotImplementedError
+
+
+def test_a_store_without_renew_is_warned_about_once_and_never_asked_to_renew_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    beating, store, another = Heartbeat(), RenewNotImplemented(), RenewNotImplemented()
+    holds = [beating.hold(Holding(store), timedelta(minutes=1)) for _ in range(2)]
+
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        beating.beat()
+        holds.append(beating.hold(Holding(another), timedelta(minutes=1)))
+        beating.beat()
+    for hold in holds:
+        beating.end(hold)
+
+    # Asked once, for one hold; no store of its kind was asked since.
+    assert (store.renewed_in, another.renewed_in) == (["MainThread"], [])
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "django_idempotency"]
+    assert warning == (
+        "RenewNotImplemented does not implement renew(): leases are not renewed, so work longer"
+        " than its lease may run twice. Implement renew() (see the store contract)."
+    )
+
+
+class FailsOnce(RenewalsNoted):
+    """A store whose first renewal fails with `failure`; the next ones succeed."""
+
+    def __init__(self, failure: Exception) -> None:
+        super().__init__()
+        self.failure = failure
+
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        if not self.renewed_in:
+            self.renewed_in.append("failed")
+            raise self.failure
+        return super().renew(claim, until)
+
+
+@pytest.mark.parametrize(
+    ("failure", "level", "message"),
+    [
+        (
+            StoreUnavailable("connection refused"),
+            logging.WARNING,
+            "Could not renew an idempotency lease (retried in 20.0 s): connection refused",
+        ),
+        (
+            ValueError("a bug in the store"),
+            logging.ERROR,
+            "Could not renew an idempotency lease; retried at the next beat",
+        ),
+    ],
+    ids=["store-unavailable", "unexpected"],
+)
+def test_a_renewal_that_failed_is_logged_and_tried_again_at_the_next_beat_the_work_going_on(
+    failure: Exception, level: int, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    beating, store = Heartbeat(), FailsOnce(failure)
+    hold = beating.hold(Holding(store), timedelta(minutes=1))  # Holding: never lost.
+
+    with caplog.at_level(logging.INFO, logger="django_idempotency"):
+        beating.beat()
+    beating.beat()  # The next beat.
+    beating.end(hold)
+
+    assert store.renewed_in == ["failed", "MainThread"]
+    [logged] = [r for r in caplog.records if r.name == "django_idempotency"]
+    assert (logged.levelno, logged.getMessage()) == (level, message)
+    # An unexpected error is a bug somewhere: its traceback goes with it.
+    assert (logged.exc_info is not None) is (level == logging.ERROR)
+
+
+class EndsOthers(RenewalsNoted):
+    """A store during whose renewals the work of other holds ends (`ending`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ending: list[Hold] = []
+
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        while self.ending:
+            hold = self.ending.pop()
+            assert hold.schedule is not None
+            hold.schedule.end(hold)
+        return super().renew(claim, until)
+
+
+def test_a_hold_that_ends_while_a_beat_renews_another_is_not_renewed() -> None:
+    beating, first, second = Heartbeat(), EndsOthers(), RenewalsNoted()
+    holds = [beating.hold(Holding(store), timedelta(minutes=1)) for store in (first, second)]
+    first.ending.append(holds[1])
+
+    beating.beat()
+    beating.end(holds[0])
+
+    assert first.renewed_in == ["MainThread"]
+    assert second.renewed_in == []  # Its work ended before its turn came.
+
+
+def test_holds_that_end_before_or_during_the_threads_round_are_not_renewed() -> None:
+    beating, first, others = Heartbeat(), EndsOthers(), RenewalsNoted()
+    # Due together, in 0.5 s: long after the holds below ended (in a few microseconds).
+    lease = timedelta(seconds=1.5)
+    renewed, during, before = (beating.hold(Holding(s), lease) for s in (first, others, others))
+    beating.end(before)  # Behind the first, kept in the schedule until it comes due.
+    first.ending.append(during)  # Ends while the round renews the first.
+
+    wait_for(lambda: bool(first.renewed_in), 10)
+    beating.end(renewed)
+
+    assert set(first.renewed_in) == {"django-idempotency-heartbeat"}
+    assert others.renewed_in == []
+
+
+def test_the_schedule_drops_ended_holds_kept_behind_a_long_one_once_they_are_most_of_it() -> None:
+    beating, store = Heartbeat(), RenewalsNoted()
+    long = beating.hold(Holding(store), timedelta(minutes=1))  # Due first: at the head.
+    behind = [beating.hold(Holding(store), timedelta(minutes=2)) for _ in range(COMPACT_AFTER + 1)]
+    for hold in behind[:-1]:
+        beating.end(hold)
+        beating.end(hold)  # Ended again: counted once.
+    assert len(beating._due) == COMPACT_AFTER + 2  # Up to COMPACT_AFTER are kept.
+
+    beating.end(behind[-1])  # One more: rebuilt without them, as large as the work running.
+    assert len(beating._due) == 1
+    beating.beat()
+    beating.end(long)
+
+    assert store.renewed_in == ["MainThread"]  # The long one, still renewed.
+
+
+class Killed(BaseException):
+    """What ends a thread short of any Exception (as GreenletExit ends a greenlet killed)."""
+
+
+class KillsOnce(RenewalsNoted):
+    """A store whose first renewal kills the thread making it."""
+
+    def renew(self, claim: Claim, until: datetime) -> bool:
+        if not self.renewed_in:
+            self.renewed_in.append("killed")
+            raise Killed
+        return super().renew(claim, until)
+
+
+def test_a_heartbeat_thread_that_died_is_started_again_by_the_next_hold() -> None:
+    died: list[BaseException | None] = []
+    hook, threading.excepthook = threading.excepthook, lambda args: died.append(args.exc_value)
+    try:
+        beating, store = Heartbeat(), KillsOnce()
+        lease = timedelta(seconds=0.3)  # Due in 0.1 s.
+        killed = beating.hold(Holding(store), lease)
+        wait_for(lambda: bool(died), 10)
+        hold = beating.hold(Holding(store), lease)
+        wait_for(lambda: "django-idempotency-heartbeat" in store.renewed_in, 10)
+        beating.end(hold)
+        beating.end(killed)
+    finally:
+        threading.excepthook = hook
+
+    assert [type(exc) for exc in died] == [Killed]
+    assert store.renewed_in[0] == "killed"
+
+
+def test_a_hold_made_after_a_fork_goes_to_a_schedule_of_the_childs_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    beating, parents, childs = Heartbeat(), RenewalsNoted(), RenewalsNoted()
+    parent_hold = beating.hold(Holding(parents), timedelta(minutes=1))
+    # A fork as the heartbeat sees it, another process id, in this process: a forked child's
+    # own lines are not measured (it leaves with os._exit). The next test forks for real.
+    pid = os.getpid()
+    with monkeypatch.context() as forked:
+        forked.setattr(os, "getpid", lambda: pid + 1)
+        child_hold = beating.hold(Holding(childs), timedelta(minutes=1))
+
+    beating.beat()
+    for hold in (child_hold, parent_hold):
+        beating.end(hold)
+
+    assert (parents.renewed_in, childs.renewed_in) == ([], ["MainThread"])
+
+
+def test_a_forked_worker_renews_its_own_holds_in_a_heartbeat_thread_of_its_own() -> None:
+    # A server forks its workers from a process that may hold claims: the parent's thread is
+    # not the child's, and the parent's holds are not the child's to renew.
+    beating, parents = Heartbeat(), RenewalsNoted()
+    parent_hold = beating.hold(Holding(parents), timedelta(minutes=1))  # Its thread started.
+
+    def in_the_worker() -> dict[str, list[str]]:
+        childs = RenewalsNoted()
+        child_hold = beating.hold(Holding(childs), timedelta(seconds=0.3))  # Due in 0.1 s.
+        wait_for(lambda: bool(childs.renewed_in), 10)
+        beating.beat()
+        beating.end(child_hold)
+        return {"child": childs.renewed_in, "parent": parents.renewed_in}
+
+    renewed = in_a_forked_child(in_the_worker)
+    beating.end(parent_hold)
+
+    assert renewed["child"][0] == "django-idempotency-heartbeat"
+    assert renewed["child"][-1] == "MainThread"  # Its beat: its own hold only.
+    assert renewed["parent"] == []
+    assert parents.renewed_in == []  # Nor renewed here: due in 20 s.

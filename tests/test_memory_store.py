@@ -22,6 +22,7 @@ from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredRespon
 from django_idempotency.stores import PurgeOptions, PurgeResult, get_store
 from django_idempotency.stores.memory import MemoryStore
 from tests.stores import claim_request, using_store
+from tests.utils import in_a_forked_child
 
 
 def _begin(store: MemoryStore, key: str, *, lease: float, namespace: str = "default") -> Claim:
@@ -122,23 +123,7 @@ def _post_in(pid: int) -> dict[str, Any]:
 
 def _post_in_forked_worker() -> dict[str, Any]:
     """`_post_in` run in a child process forked from this one, as a server forks its workers."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # The worker: answer through the pipe, and leave without running pytest's exit.
-        code = 1
-        try:
-            os.close(read_end)
-            with os.fdopen(write_end, "w") as pipe:
-                json.dump(_post_in(os.getpid()), pipe)
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        answer = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, answer
-    return json.loads(answer)  # type: ignore[no-any-return]
+    return in_a_forked_child(lambda: _post_in(os.getpid()))  # type: ignore[no-any-return]
 
 
 # Without --preload, each of gunicorn's workers creates a store of its own: no fork follows the

@@ -526,3 +526,38 @@ def test_a_record_made_before_operations_had_an_identity_derives_keys_as_before(
 
     assert IdempotencyRecord.objects.get().operation_id == ""  # Resumed: still that operation.
     assert keys[1] == mint_key("orders", "owner:", "7", "charge")
+
+
+def test_idempotent_session_keys_http_and_https_and_warns_once_of_a_step_sent_unkeyed(
+    downstream: Downstream, url: Callable[[str], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    import requests
+    from requests.adapters import HTTPAdapter
+
+    from django_idempotency.outbound import IdempotentAdapter, idempotent_session
+
+    keyed, plain = downstream.script("keyed"), downstream.script("plain")
+
+    @idempotent_function(key="order", namespace="orders", mode="lease")
+    def settle(order: int) -> None:
+        with idempotent_session(namespace="bank") as session:
+            # A prefix mounted later, more specific: its requests bypass the adapter.
+            session.mount(url(plain), HTTPAdapter())
+            step = {"Idempotency-Step": "charge"}
+            session.post(url(keyed), headers=step)
+            session.post(url(plain), headers=step)
+            session.post(url(plain), headers=step)
+
+    with caplog.at_level("WARNING", logger="django_idempotency"):
+        settle(7)
+
+    session = idempotent_session()
+    assert all(
+        isinstance(session.get_adapter(s), IdempotentAdapter) for s in ("http://a", "https://a")
+    )
+    assert isinstance(session, requests.Session)
+    [seen] = downstream.seen["keyed"]
+    assert seen.key is not None and seen.step_header is None  # Keyed; the step's header kept.
+    assert [seen.step_header for seen in downstream.seen["plain"]] == ["charge", "charge"]
+    [warning] = [r.getMessage() for r in caplog.records if "Idempotency-Step" in r.getMessage()]
+    assert "by another adapter of its session than IdempotentAdapter" in warning

@@ -199,6 +199,28 @@ def asgi_post(path: str, key: str) -> dict[str, Any]:
     }
 
 
+def in_a_forked_child(work: Callable[[], Any]) -> Any:
+    """`work`'s JSON result, run in a child process forked from this one, as a server forks its
+    workers; the child leaves without running pytest's exit."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            with os.fdopen(write_end, "w") as pipe:
+                json.dump(work(), pipe)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        answer = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, answer
+    return json.loads(answer)
+
+
 def wait_for(condition: Callable[[], bool], seconds: float) -> None:
     """Poll `condition` until it holds; fail once `seconds` have passed without it."""
     deadline = time.monotonic() + seconds

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from functools import partial
@@ -21,6 +22,7 @@ from django_idempotency.checks.ids import (
     INVALID_COLLECTION,
     INVALID_DURATION,
     INVALID_ENCRYPTION_KEYS,
+    INVALID_FORM_FIELD,
     INVALID_HEADER,
     INVALID_REPLICA_COUNT,
     MIDDLEWARE_NOT_LAST,
@@ -48,6 +50,7 @@ from django_idempotency.conf import (
     conf,
 )
 from django_idempotency.core.keys import KEY_FORMATS
+from django_idempotency.http.requests import CSRF_FIELD
 from django_idempotency.models import IdempotencyRecord
 
 if TYPE_CHECKING:
@@ -64,6 +67,7 @@ def check_settings(
         *_choices(),
         *_collections(),
         *_header(),
+        *_form_field(),
         *_namespace(),
         *_callables(),
         *_store(),
@@ -249,6 +253,29 @@ def _header() -> Iterable[CheckMessage]:
     )
 
 
+# A form field's name as the guard reads it: one a template and a form class write as it is.
+FORM_FIELD_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _form_field() -> Iterable[CheckMessage]:
+    field = _setting("IDEMPOTENCY_FORM_FIELD")
+    if field is _UNSET or field is None:
+        return
+    if isinstance(field, str) and FORM_FIELD_NAME.fullmatch(field) and field != CSRF_FIELD:
+        return
+    why = (
+        "is the CSRF token's field, which cannot carry the key too"
+        if field == CSRF_FIELD
+        else "is not a form field name of letters, digits, _ and -"
+    )
+    yield Error(
+        f"IDEMPOTENCY_FORM_FIELD = {field!r} {why}.",
+        hint='Use a name of letters, digits, _ and - (the default is "idempotency_key"), or'
+        " None to read keys from the header only.",
+        id=INVALID_FORM_FIELD,
+    )
+
+
 def _namespace() -> Iterable[CheckMessage]:
     namespace = conf.NAMESPACE
     limit = IdempotencyRecord._meta.get_field("namespace").max_length
@@ -332,8 +359,9 @@ def _replica_counts() -> Iterable[CheckMessage]:
 def _encryption_keys() -> Iterable[CheckMessage]:
     yield from _refused(
         "ENCRYPTION_KEYS",
-        'For example IDEMPOTENCY_ENCRYPTION_KEYS = [os.environ["IDEMPOTENCY_KEY"]], each key'
-        " made by cryptography.fernet.Fernet.generate_key(), the newest first; or remove the"
+        "For example IDEMPOTENCY_ENCRYPTION_KEYS ="
+        ' [os.environ["IDEMPOTENCY_ENCRYPTION_KEY"]], each key made by'
+        " cryptography.fernet.Fernet.generate_key(), the newest first; or remove the"
         " setting to store responses in clear.",
         INVALID_ENCRYPTION_KEYS,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -219,9 +220,8 @@ def check_database(
     """`check --database <alias>`: the records table exists where the store looks for it, and
     every migration of this app is applied to it."""
     alias = records_database()
-    if not databases or alias is None or alias not in databases:
+    if not databases or alias is None or alias not in databases or _migrating():
         return []
-    # Warnings: `migrate` runs these checks too, before it applies the migrations.
     if missing_table(alias):
         return [
             checks.Warning(
@@ -243,6 +243,22 @@ def check_database(
             id=MIGRATION_UNAPPLIED,
         )
     ]
+
+
+def _migrating() -> bool:
+    """Whether `migrate` runs these checks, as it does before it applies the migrations: it is
+    about to create the table or apply what lacks, and saying "run migrate" then is noise."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        # Its `handle`, or (Django 5.2.x and later) `BaseCommand.execute` run by its command.
+        command = frame.f_locals.get("self")
+        if frame.f_globals.get("__name__") == _MIGRATE or type(command).__module__ == _MIGRATE:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+_MIGRATE = "django.core.management.commands.migrate"
 
 
 def _lease_only_store() -> str | None:

@@ -23,7 +23,7 @@ from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
 from django_idempotency.encryption import UnreadableResponse, UnreadableStep
 from django_idempotency.exceptions import DeliveryRejected, LeaseLost, StoreNotSupported
-from django_idempotency.http import problems
+from django_idempotency.http import forms, problems
 from django_idempotency.http.credentials import answers_credentials
 from django_idempotency.http.options import Options, Resolved, resolve
 from django_idempotency.http.owners import OwnerUnknown
@@ -71,6 +71,7 @@ class Guard(contextlib.ExitStack):
         self.force_lease = force_lease
         self.poll = poll  # An async caller: it does any waiting itself (see `run_async`).
         self.may_wait = False  # The key is in progress, and the view waits for it.
+        self.from_form = False  # The key came in a form's field, not in the header.
         self.attempt: Attempt | None = None
         self.settings: Resolved | None = None  # The options in force, once `prepare` read them.
         super().__init__()
@@ -89,13 +90,26 @@ class Guard(contextlib.ExitStack):
         # From META: building `request.headers` would parse every header to read this one.
         raw_key = http_request.META.get(HttpHeaders.to_wsgi_name(settings.header))
         if raw_key is None:
-            if settings.required:
+            try:
+                raw_key = forms.form_key(http_request)
+            except problems.BODY_ERRORS as exc:
+                return problems.body_problem(exc)
+            self.from_form = raw_key is not None
+        if raw_key is None:
+            if not settings.required:
+                return None
+            if conf.FORM_FIELD is not None and forms.is_form_post(http_request):
                 return problems.problem_response(
                     problems.MISSING_KEY,
-                    f"This endpoint requires an {settings.header} header: send a new unique"
-                    " value (a UUID or ULID) with each distinct request.",
+                    "This form cannot be sent safely: it carries no idempotency key. Its page"
+                    f" must render {forms.TAG} inside the <form> (or its form class use"
+                    " IdempotentFormMixin).",
                 )
-            return None
+            return problems.problem_response(
+                problems.MISSING_KEY,
+                f"This endpoint requires an {settings.header} header: send a new unique"
+                " value (a UUID or ULID) with each distinct request.",
+            )
         try:
             key = parse_key(raw_key, conf.KEY_FORMAT)
         except InvalidKey as exc:
@@ -130,12 +144,15 @@ class Guard(contextlib.ExitStack):
         # The store first: every store but the memory store answers at once, on the hot path.
         if not get_store().shared_between_processes and several_processes(self.http_request):
             return problems.unusable_store(StoreNotSupported(_one_process_store()))
+        # A person's second click waits for the first and gets its answer: a browser shows a
+        # 409 as a dead end.
+        on_conflict = "wait" if self.from_form else settings.on_conflict
         # An async view waits for a running duplicate itself, between tries of its own; one that
         # does not wait is answered (and its conflict announced) at once.
-        polls = self.poll and settings.on_conflict == "wait"
+        polls = self.poll and on_conflict == "wait"
         attempt = Attempt(
             atomic=settings.mode == "atomic" and not self.force_lease,
-            on_conflict=settings.on_conflict,
+            on_conflict=on_conflict,
             request=self.http_request,
             poll=polls,
         )
@@ -170,7 +187,10 @@ class Guard(contextlib.ExitStack):
         if outcome is Outcome.MISMATCH:
             return problems.problem_response(
                 problems.KEY_REUSED,
-                "This key was already used for a different request (method, path or body "
+                "This form was already sent with other data. Reload its page for a fresh form,"
+                " then send it again."
+                if self.from_form
+                else "This key was already used for a different request (method, path or body "
                 "differ): send a new key for a new request.",
             )
         self.may_wait = polls
@@ -191,6 +211,11 @@ class Guard(contextlib.ExitStack):
         render = getattr(response, "render", None)
         if callable(render):
             response = render() or response
+        if attempt.changed_nothing:
+            # Its form was invalid (IdempotentFormMixin): shown again with the same key, for
+            # the corrected form to run with.
+            attempt.release()
+            return response
         stored = capture(response)
         if stored is None:
             logger.warning(
@@ -328,7 +353,7 @@ def run(
     require_installed()
     with until_sent() as pending:
         response = _run(call, request, options, view, finalize)
-    return sent_then(response, pending)
+    return sent_then(_for_client(response, request), pending)
 
 
 def _run(
@@ -375,7 +400,15 @@ async def run_async(
     require_installed()
     with until_sent() as pending:
         response = await _run_async(call, request, options, view)
-    return sent_then(response, pending)
+    return sent_then(_for_client(response, request), pending)
+
+
+def _for_client(response: HttpResponseBase, request: Any) -> HttpResponseBase:
+    """The guard's own problem as a page for a browser that asks for HTML; a framework's
+    request (DRF's, which renders its own errors) gets it as it is."""
+    if not isinstance(request, HttpRequest):
+        return response
+    return forms.for_client(response, request)
 
 
 async def _run_async(

@@ -132,8 +132,10 @@ def _canonical_multipart(http_request: HttpRequest) -> bytes:
 
 
 def _ignored_form_fields() -> frozenset[str]:
-    """IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS and the CSRF token, which only forms carry."""
-    return frozenset(conf.FINGERPRINT_IGNORE_FIELDS) | {CSRF_FIELD}
+    """IDEMPOTENCY_FINGERPRINT_IGNORE_FIELDS, the CSRF token and the key's own field
+    (IDEMPOTENCY_FORM_FIELD), which only forms carry."""
+    own = (CSRF_FIELD,) if conf.FORM_FIELD is None else (CSRF_FIELD, conf.FORM_FIELD)
+    return frozenset(conf.FINGERPRINT_IGNORE_FIELDS).union(own)
 
 
 def _fits_in_memory(http_request: HttpRequest) -> bool:

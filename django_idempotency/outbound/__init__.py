@@ -20,7 +20,7 @@ from django_idempotency.outbound.outcomes import was_replayed
 from django_idempotency.outbound.policy import RetryPolicy
 
 if TYPE_CHECKING:
-    from django_idempotency.outbound.adapter import IdempotentAdapter
+    from django_idempotency.outbound.adapter import IdempotentAdapter, idempotent_session
     from django_idempotency.outbound.transport import (
         AsyncIdempotentTransport,
         IdempotentTransport,
@@ -31,6 +31,7 @@ _LAZY = {
     "IdempotentTransport": "django_idempotency.outbound.transport",
     "AsyncIdempotentTransport": "django_idempotency.outbound.transport",
     "IdempotentAdapter": "django_idempotency.outbound.adapter",
+    "idempotent_session": "django_idempotency.outbound.adapter",
 }
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "IdempotentTransport",
     "OutsideOperation",
     "RetryPolicy",
+    "idempotent_session",
     "key_for",
     "was_replayed",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from django_idempotency.contrib import missing
@@ -43,14 +44,16 @@ class RequestsWire:
 
 
 _WIRE = RequestsWire()
+logger = logging.getLogger("django_idempotency")
 
 
 class IdempotentAdapter(HTTPAdapter):
     """Mount it on a `requests.Session`: each unsafe request carries a key derived from the
     operation and step it is made in, and is retried by `policy`.
 
-    ``session.mount("https://", IdempotentAdapter())``; name a step per request with the header
-    ``Idempotency-Step: charge``, which the adapter takes off before sending.
+    `idempotent_session()` mounts one for `http://` and `https://` (mount it for every prefix a
+    session calls); name a step per request with the header ``Idempotency-Step: charge``, which
+    the adapter takes off before sending.
     """
 
     __attrs__ = [*HTTPAdapter.__attrs__, "policy", "namespace", "header", "journal"]
@@ -102,6 +105,41 @@ class IdempotentAdapter(HTTPAdapter):
             )
 
         return run(exchange, send_once, _WIRE, _discard)
+
+
+def idempotent_session(
+    session: requests.Session | None = None, **adapter_options: Any
+) -> requests.Session:
+    """`session` (a new one by default) with an `IdempotentAdapter(**adapter_options)` mounted
+    for both `http://` and `https://`, and watched: a request that another adapter of it sends
+    still carrying `Idempotency-Step` (a more specific prefix mounted later) got no key, no
+    retries and no journal, and its header went downstream: that is logged, once a process."""
+    session = requests.Session() if session is None else session
+    adapter = IdempotentAdapter(**adapter_options)
+    for prefix in ("http://", "https://"):
+        session.mount(prefix, adapter)
+    session.hooks["response"].append(_step_left_unkeyed)
+    return session
+
+
+_warned = False  # The process was told of a step sent by another adapter.
+
+
+def _step_left_unkeyed(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+    """The response hook `idempotent_session` adds: the adapter takes the step's header off
+    every request it sends, so a request that still has it was sent by another adapter."""
+    global _warned
+    if _warned or STEP_HEADER not in response.request.headers:
+        return
+    _warned = True
+    logger.warning(
+        "A request naming its step in %s was sent to %s by another adapter of its session than"
+        " IdempotentAdapter: it"
+        " carried no derived key, was neither retried nor journaled, and the header went"
+        " downstream. Mount IdempotentAdapter for that URL's prefix too.",
+        STEP_HEADER,
+        response.url.split("?", 1)[0],  # Without its query, which may carry a credential.
+    )
 
 
 def _text(value: str | bytes | None) -> str | None:
