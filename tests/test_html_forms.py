@@ -64,7 +64,20 @@ def charge_view(form_class: type[forms.Form], template: Template | None, invalid
     return view
 
 
+@csrf_exempt
+@idempotent(required=True, mode="atomic")
+def audited_view(request: HttpRequest) -> HttpResponse:
+    """Notes each attempt (a charge of 1) before it checks the form: a write of the answer's."""
+    Charge.objects.create(amount=1)
+    form = ChargeForm(request.POST)
+    if form.is_valid():
+        Charge.objects.create(amount=form.cleaned_data["amount"])
+        return HttpResponseRedirect("/done/", status=303)
+    return HttpResponse(f"<form method=post>{form}</form>")
+
+
 urlpatterns = [
+    path("audited/", audited_view),
     path("mixin/", charge_view(ChargeForm, None, 200)),
     path("tag/", charge_view(PlainChargeForm, WITH_FORM, 200)),
     path("bare-tag/", charge_view(PlainChargeForm, BARE, 422)),
@@ -122,6 +135,17 @@ def test_an_invalid_form_is_shown_again_with_its_key_and_the_corrected_one_runs_
     assert corrected.status_code == resent.status_code == 303
     assert resent["Location"] == corrected["Location"]
     assert list(Charge.objects.values_list("amount", flat=True)) == [5]
+
+
+def test_an_invalid_forms_answer_keeps_what_the_view_wrote_as_django_keeps_a_200s() -> None:
+    client = Client()
+
+    invalid = send(client, "/audited/", {"amount": -5, "idempotency_key": "audited"})
+    corrected = send(client, "/audited/", {"amount": 5, "idempotency_key": "audited"})
+
+    assert (invalid.status_code, corrected.status_code) == (200, 303)
+    # The key was given back, the invalid answer's note kept: atomic mode rolled back nothing.
+    assert sorted(Charge.objects.values_list("amount", flat=True)) == [1, 1, 5]
 
 
 def test_a_bare_tag_form_answered_422_gives_its_key_back_for_the_corrected_form() -> None:

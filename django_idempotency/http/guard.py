@@ -213,8 +213,9 @@ class Guard(contextlib.ExitStack):
             response = render() or response
         if attempt.changed_nothing:
             # Its form was invalid (IdempotentFormMixin): shown again with the same key, for
-            # the corrected form to run with.
-            attempt.release()
+            # the corrected form to run with. Only the claim goes: what the view wrote for
+            # that answer is kept, as Django keeps it (a 200).
+            attempt.release(rollback=False)
             return response
         stored = capture(response)
         if stored is None:
