@@ -114,11 +114,18 @@ def pgbouncer_version() -> str:
 
 def wait_until(condition_met: Callable[[], bool], seconds: float, what: str) -> None:
     """Poll every 50 ms; fail the test after `seconds`."""
+    if not met_within(condition_met, seconds):
+        raise AssertionError(f"Waited {seconds} s for {what}.")
+
+
+def met_within(condition_met: Callable[[], bool], seconds: float) -> bool:
+    """Poll every 50 ms for up to `seconds`: whether the condition was met."""
     deadline = time.monotonic() + seconds
     while not condition_met():
         if time.monotonic() > deadline:
-            raise AssertionError(f"Waited {seconds} s for {what}.")
+            return False
         time.sleep(0.05)
+    return True
 
 
 def free_port() -> int:

@@ -40,6 +40,7 @@ from tests.reliability.harness import (
     demo_environment,
     keep_artefact,
     manage,
+    met_within,
     wait_until,
 )
 from tests.reliability.proxy import DroppingProxy
@@ -78,6 +79,8 @@ VISIBILITY = 5  # Seconds before a message whose worker died is delivered again.
 # which no visibility timeout brings back, and the harness's random kills hit that moment now and
 # then. A project on that broker needs such a re-send (docs/celery.md), and so does this client.
 RESEND_AFTER = 60
+# Seconds the harness kills Celery workers for, at most: the chaos, then the recovery.
+CHAOS = 120
 
 
 @dataclass
@@ -548,7 +551,11 @@ def test_every_payout_task_is_executed_once_at_the_bank(
                 for number, reference in enumerate(references):
                     send(number, reference)
                 with Killer(workers.ready_pids, seed) as killer:
-                    wait_until(completed_or_resent, GIVE_UP, "every payout task to complete")
+                    met_within(completed_or_resent, CHAOS)
+                # The harness stops killing; the crash points still fire. On a loaded machine a
+                # worker's start can take longer than the kills leave it: tasks must then all
+                # complete once the kills stop, whatever the kills left behind.
+                wait_until(completed_or_resent, GIVE_UP, "every payout task to complete")
         except BaseException:
             print(f"the Celery workers' log kept at {keep_artefact(log)}")
             raise
