@@ -66,6 +66,16 @@ urlpatterns = [path("compute/", compute)]
 """
 
 
+# gunicorn's hook once a worker has loaded the application: a file per worker ready.
+READY = """
+import os
+
+
+def post_worker_init(worker):
+    open(os.path.join(os.getcwd(), f"worker-ready-{os.getpid()}"), "w").close()
+"""
+
+
 @pytest.fixture
 def gevent_workers(
     request: pytest.FixtureRequest, tmp_path: Path
@@ -74,6 +84,7 @@ def gevent_workers(
     database store on the test database, or the Redis store); its URL, run file and log."""
     (tmp_path / "gevent_site_settings.py").write_text(SETTINGS)
     (tmp_path / "gevent_site_urls.py").write_text(URLS)
+    (tmp_path / "gunicorn_ready.py").write_text(READY)
     runs, log = tmp_path / "runs", tmp_path / "gunicorn.log"
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -98,6 +109,7 @@ def gevent_workers(
     server = subprocess.Popen(
         [
             *(sys.executable, "-m", "gunicorn", "-k", "gevent", "--workers", "2"),
+            *("--config", str(tmp_path / "gunicorn_ready.py")),
             *("--bind", f"127.0.0.1:{port}", "--error-logfile", str(log), "--capture-output"),
             "django.core.wsgi:get_wsgi_application()",
         ],
@@ -107,15 +119,22 @@ def gevent_workers(
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1):
                     break
             except OSError:
                 assert server.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, "gunicorn did not start within 30 s"
+                assert time.monotonic() < deadline, "gunicorn did not start within 60 s"
                 time.sleep(0.1)
+        # Both workers serving: the port answers once the arbiter listens, and a worker still
+        # starting (Django's set-up, on a loaded machine) would leave the retries to the busy
+        # one, which serves them after its work, as replays.
+        while len(list(tmp_path.glob("worker-ready-*"))) < 2:
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"workers not ready: {log.read_text()}"
+            time.sleep(0.1)
         yield f"http://127.0.0.1:{port}", runs, log
     finally:
         server.send_signal(signal.SIGTERM)
