@@ -134,9 +134,15 @@ class Attempt:
         # carried one downstream, so a failing attempt keeps its record, as once steps are
         # stored, for the same request's retry to send the same keys.
         self.identity_shared = False
-        # The request's form was invalid (`forms.IdempotentFormMixin`): the view changed nothing,
-        # and its answer (the form shown again, with the same key) is not stored.
-        self.changed_nothing = False
+        # The request's forms sent with its key, judged (`forms.IdempotentFormMixin`): invalid
+        # ones only, and its answer (a form shown again, with the same key) is not stored.
+        self.invalid_forms = 0
+        self.valid_forms = 0
+
+    @property
+    def changed_nothing(self) -> bool:
+        """Its request's only judgement was an invalid form's: the view did no work."""
+        return bool(self.invalid_forms) and not self.valid_forms
 
     def __enter__(self) -> Attempt:
         return self

@@ -43,10 +43,16 @@ class IdempotentFormMixin(_Form):
         super().__init__(*args, **kwargs)
         self.fields[field_name()] = IdempotencyKeyField()
 
+    def add_prefix(self, field_name: str) -> str:
+        # The key's field keeps its own name under a prefix (a formset's forms, two forms on a
+        # page): the guard reads it by that name.
+        if field_name == conf.FORM_FIELD:
+            return field_name
+        return super().add_prefix(field_name)
+
     def full_clean(self) -> None:
         super().full_clean()
-        if self.errors:  # Set by the clean above: not cleaned again.
-            changed_nothing(self)
+        judged(self)
 
 
 def fresh_key() -> str:
@@ -78,9 +84,16 @@ def submitted_key(form: forms.BaseForm) -> str | None:
         return None
 
 
-def changed_nothing(form: forms.BaseForm) -> None:
-    """Tell the guard holding this form's key that the form was invalid: nothing happened."""
+def judged(form: forms.BaseForm) -> None:
+    """Tell the guard holding this form's key what its validation found. An invalid form says
+    that nothing happened, unless a valid form sent with the key says otherwise in the same
+    request (a view that binds a corrected form, or takes the payment before it checks a
+    coupon's form): the request may then have done its work, and its answer is stored."""
     attempt = current_attempt()
     key = submitted_key(form)
-    if attempt is not None and attempt.scope is not None and key == attempt.scope.key:
-        attempt.changed_nothing = True
+    if attempt is None or attempt.scope is None or key != attempt.scope.key:
+        return
+    if form.errors:
+        attempt.invalid_forms += 1
+    else:
+        attempt.valid_forms += 1

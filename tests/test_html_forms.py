@@ -76,8 +76,51 @@ def audited_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(f"<form method=post>{form}</form>")
 
 
+class CouponForm(IdempotentFormMixin, forms.Form):
+    coupon = forms.CharField(required=False, max_length=4)
+
+
+@csrf_exempt
+@idempotent(required=True)
+def rebinding_view(request: HttpRequest) -> HttpResponse:
+    """Fills in what the first form lacked, binds a new one, and pays with it."""
+    form = ChargeForm(request.POST)
+    if not form.is_valid():
+        form = ChargeForm({**request.POST.dict(), "amount": 7})
+    if form.is_valid():
+        Charge.objects.create(amount=form.cleaned_data["amount"])
+    return HttpResponse("paid", status=201)
+
+
+@csrf_exempt
+@idempotent(required=True)
+def coupon_view(request: HttpRequest) -> HttpResponse:
+    """Pays with the first form, then checks the coupon's, whose error it shows (a 200)."""
+    payment, coupon = ChargeForm(request.POST), CouponForm(request.POST)
+    if payment.is_valid():
+        Charge.objects.create(amount=payment.cleaned_data["amount"])
+    if not coupon.is_valid():
+        return HttpResponse(f"paid; the coupon: {coupon.errors}")
+    return HttpResponse("paid")
+
+
+@csrf_exempt
+@idempotent(required=True)
+def prefixed_view(request: HttpRequest) -> HttpResponse:
+    """A form with a prefix, and a formset of two: the key's field keeps its name."""
+    form = ChargeForm(request.POST or None, prefix="pay")
+    formset = forms.formset_factory(ChargeForm, extra=2)(request.POST or None)
+    if request.method == "POST" and form.is_valid() and formset.is_valid():
+        Charge.objects.create(amount=form.cleaned_data["amount"])
+        return HttpResponseRedirect("/done/", status=303)
+    return HttpResponse(f"<form method=post>{form}{formset}</form>")
+
+
 urlpatterns = [
     path("audited/", audited_view),
+    path("rebinding/", rebinding_view),
+    path("coupon/", coupon_view),
+    path("prefixed/", prefixed_view),
     path("mixin/", charge_view(ChargeForm, None, 200)),
     path("tag/", charge_view(PlainChargeForm, WITH_FORM, 200)),
     path("bare-tag/", charge_view(PlainChargeForm, BARE, 422)),
@@ -347,3 +390,39 @@ def test_where_keys_must_be_uuids_forms_carry_uuids(url: str) -> None:
 
     assert str(uuid.UUID(key)) == key
     assert answer.status_code == 303
+
+
+@pytest.mark.parametrize("url", ["/rebinding/", "/coupon/"])
+def test_an_invalid_form_beside_a_valid_one_that_did_the_work_keeps_the_answer(url: str) -> None:
+    # An invalid form says nothing happened only when no valid form was sent with the key: the
+    # view may have paid with another one.
+    client = Client()
+    data = {"amount": "", "coupon": "too-long", "idempotency_key": f"k-{url}"}
+    if url == "/coupon/":
+        data["amount"] = "5"
+
+    first, resent = send(client, url, data), send(client, url, data)
+
+    assert resent["Idempotent-Replayed"] == "true"
+    assert resent.content == first.content
+    assert Charge.objects.count() == 1
+
+
+def test_a_prefixed_form_and_a_formsets_forms_carry_the_key_under_its_own_name() -> None:
+    client = Client()
+    page = client.get("/prefixed/").content.decode()
+    keys = FIELD.findall(page)
+    assert len(keys) == 3 and "pay-idempotency_key" not in page  # One field name for all.
+    data = {
+        "pay-amount": 5,
+        "form-TOTAL_FORMS": 2,
+        "form-INITIAL_FORMS": 0,
+        "form-0-amount": 1,
+        "form-1-amount": 1,
+        "idempotency_key": keys[-1],
+    }
+
+    first, resent = send(client, "/prefixed/", data), send(client, "/prefixed/", data)
+
+    assert (first.status_code, resent["Idempotent-Replayed"]) == (303, "true")
+    assert Charge.objects.count() == 1

@@ -211,10 +211,10 @@ class Guard(contextlib.ExitStack):
         render = getattr(response, "render", None)
         if callable(render):
             response = render() or response
-        if attempt.changed_nothing:
-            # Its form was invalid (IdempotentFormMixin): shown again with the same key, for
-            # the corrected form to run with. Only the claim goes: what the view wrote for
-            # that answer is kept, as Django keeps it (a 200).
+        if attempt.changed_nothing and response.status_code // 100 != 3:
+            # Its form was invalid (IdempotentFormMixin), and shown again with the same key for
+            # the corrected form to run with: a redirect would say the work was done. Only the
+            # claim goes: what the view wrote for that answer is kept, as Django keeps a 200's.
             attempt.release(rollback=False)
             return response
         stored = capture(response)

@@ -24,7 +24,7 @@ def idempotency_key_field(form: forms.BaseForm | None = None) -> SafeString:
     if form is not None:
         key = keyed_forms.submitted_key(form)
         if key is not None and form.errors:
-            keyed_forms.changed_nothing(form)
+            keyed_forms.judged(form)
     return format_html(
         '<input type="hidden" name="{}" value="{}">', name, key or keyed_forms.fresh_key()
     )
