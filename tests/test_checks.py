@@ -680,6 +680,8 @@ SILENT = [
     ),
     pytest.param(E004, {"IDEMPOTENCY_STORED_CLIENT_ERRORS": frozenset()}, id="E004-empty"),
     pytest.param(E005, {"IDEMPOTENCY_HEADER": "X-Request-Id"}, id="E005"),
+    pytest.param(E025, {"IDEMPOTENCY_FORM_FIELD": "form-key_2"}, id="E025"),
+    pytest.param(E025, {"IDEMPOTENCY_FORM_FIELD": None}, id="E025-header-only"),
     pytest.param(E006, {"IDEMPOTENCY_NAMESPACE": "n" * 100}, id="E006"),
     pytest.param(E007, {"IDEMPOTENCY_OWNER_RESOLVER": tenant_owner}, id="E007-callable"),
     pytest.param(

@@ -48,6 +48,8 @@ DEAD = "redis://127.0.0.1:9/0"  # Nothing listens there: every call fails as wit
 # A key's expiry is set relative to when its script runs, on Redis's clock: the record's own
 # expiry, late by the time between the request's `now` and its script (well under a second).
 LATE = 1000
+# Milliseconds a reading of Redis's clock may be off by (half its round trip, on a busy machine).
+READ_WITHIN = 50
 
 
 @pytest.fixture
@@ -85,7 +87,8 @@ def test_a_completed_record_expires_with_its_ttl_in_redis(redis_store: RedisStor
 
     [key] = redis_keys(redis_store)
     expires_at = the_record().expires_at.timestamp() * 1000
-    assert -1 <= redis_store.connection().pexpiretime(key) - expires_at <= LATE
+    # The record's end is on the store's clock: Redis's, read within half a round trip.
+    assert -READ_WITHIN <= redis_store.connection().pexpiretime(key) - expires_at <= LATE
 
 
 def test_a_claim_outlives_a_ttl_shorter_than_its_lease(redis_store: RedisStore) -> None:
