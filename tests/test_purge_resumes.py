@@ -57,10 +57,7 @@ def test_a_view_that_crashed_after_its_call_is_purged_only_once_expired(
     assert _charged() == [100]  # The downstream replayed its charge to the same key.
     assert purged.total == 0
     record = IdempotencyRecord.objects.get(key="o-1")
-    key = expected_key(record, "charge", namespace="bank")
-    assert downstream.keys("guarded") == [key]  # Then the same key again, replayed.
-    call = OutboundCall.objects.get()
-    assert (call.key, call.attempts, call.replayed, call.outcome) == (key, 2, True, "confirmed")
+    _sent_once_then_replayed(downstream, record)
 
 
 @pytest.mark.urls("tests.downstream")
@@ -115,10 +112,7 @@ def test_a_killed_operation_purged_after_its_lease_ran_out_is_resumed_by_its_ret
     assert Charge.objects.get().pk == charge  # The downstream's answer to the first attempt.
     record = killed.get()
     assert (record.status, record.operation_id) == ("completed", crashed)
-    key = expected_key(record, "charge", namespace="bank")
-    assert downstream.keys("guarded") == [key]  # Then the same key again, replayed.
-    call = OutboundCall.objects.get()
-    assert (call.key, call.attempts, call.replayed, call.outcome) == (key, 2, True, "confirmed")
+    _sent_once_then_replayed(downstream, record)
 
 
 @pytest.mark.urls("tests.downstream")
@@ -144,3 +138,12 @@ def test_a_crashed_view_past_its_expiry_goes_with_the_purge_and_its_retry_is_new
     assert _charged() == [100, 100]
     first, second = downstream.keys("guarded")
     assert first != second
+
+
+def _sent_once_then_replayed(downstream: Downstream, record: IdempotencyRecord) -> None:
+    """The charge reached the downstream once under the operation's key, and its retry was
+    answered the same charge again: one journal row, confirmed after two attempts."""
+    key = expected_key(record, "charge", namespace="bank")
+    assert downstream.keys("guarded") == [key]  # Then the same key again, replayed.
+    call = OutboundCall.objects.get()
+    assert (call.key, call.attempts, call.replayed, call.outcome) == (key, 2, True, "confirmed")
