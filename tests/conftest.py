@@ -13,7 +13,7 @@ from django.db import connection, connections
 from django.test import override_settings
 
 from django_idempotency.models import IdempotencyRecord
-from tests.flushes import snapshots_restored_after_flush
+from tests.flushes import postgresql_flushes_by_delete, snapshots_restored_after_flush
 from tests.stores import STORE_MODES, STORE_PARAMS, using_store
 from tests.utils import ViewKind, lose_database
 
@@ -105,12 +105,30 @@ DATABASE_FIXTURES = frozenset(
 def about_the_database(item: pytest.Item) -> bool:
     """Whether the test's outcome can depend on the database under test: it uses the database,
     needs a given one, or is marked `database` (it reads the database's vendor or settings, or
-    hands DATABASE_URL to a process of its own). tox's PostgreSQL and MariaDB runs, which have
-    the SQLite run's Python, Django and settings, run only these (ONLY_DATABASE_TESTS=1): the
-    others would repeat that run's work exactly."""
-    if any(item.get_closest_marker(name) for name in ("django_db", "database", *DATABASE_MARKERS)):
+    hands DATABASE_URL to a process of its own), and it does not run on a store that keeps its
+    records elsewhere (the `store`, `store_mode` and `shared_store` fixtures' Redis and memory
+    stores: the database then holds only the view's own rows, written through Django's ORM).
+    tox's PostgreSQL, MariaDB and PgBouncer runs run only these (ONLY_DATABASE_TESTS=1): the
+    others would repeat the SQLite runs' work. A test marked for a database still runs there,
+    whatever its store."""
+    if any(item.get_closest_marker(name) for name in ("database", *DATABASE_MARKERS)):
+        return True
+    if _store_of(item) not in (None, "database"):
+        return False
+    if item.get_closest_marker("django_db"):
         return True
     return not DATABASE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+def _store_of(item: pytest.Item) -> str | None:
+    """The store the test is parametrized with by conftest's store fixtures, if any."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "store_mode" in params:
+        return str(params["store_mode"][0])
+    for name in ("store", "shared_store"):
+        if name in params:
+            return str(params[name])
+    return None
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -136,8 +154,9 @@ def json_support_known(django_db_setup: None, django_db_blocker: Any) -> None:
 @pytest.fixture(autouse=True, scope="session")
 def quick_flushes() -> Iterator[None]:
     """Content types and permissions come back after each transactional test's flush in two
-    statements instead of Django's ninety (tests/flushes.py)."""
-    with snapshots_restored_after_flush():
+    statements instead of Django's ninety, and PostgreSQL's flush deletes rather than truncates
+    (tests/flushes.py)."""
+    with snapshots_restored_after_flush(), postgresql_flushes_by_delete():
         yield
 
 

@@ -26,10 +26,10 @@ DUPLICATES = 16
 PROCESSES = 8  # Client processes of DUPLICATES // PROCESSES threads each.
 # Keys per configuration (mode, on_conflict), each sent DUPLICATES times at once.
 VARIANTS = [
-    ("atomic", "reject", 100),
-    ("lease", "reject", 100),
-    ("atomic", "wait", 100),
-    ("lease", "wait", 100),
+    ("atomic", "reject", 50),
+    ("lease", "reject", 50),
+    ("atomic", "wait", 50),
+    ("lease", "wait", 50),
 ]
 PATHS = {"atomic": "/api/provider/payments/", "lease": "/api/provider/lease/"}
 NAMESPACES = {"atomic": "provider-payments", "lease": "provider-payments-lease"}
