@@ -432,7 +432,6 @@ def demo_environment(services: Services, **settings: str) -> dict[str, str]:
         # Behind PgBouncer: what the demo's settings then set (testproject/settings.py).
         "PGBOUNCER": "1" if services.pgbouncer else "0",
         "REDIS_URL": services.redis_url,
-        "PYTHONDONTWRITEBYTECODE": "1",
         **settings,
     }
 
