@@ -193,11 +193,11 @@ def gunicorn(port: int, extra_env: dict[str, str]) -> Iterator[tuple[str, int]]:
         process.wait(timeout=10)
 
 
-def seed(url: str, prefix: str) -> None:
+def seed(url: str, prefix: str, path: str = "/api/payments/") -> None:
     """Complete the POOL keys the replay variants replay."""
     for number in range(POOL):
         request = urllib.request.Request(
-            url + "/api/payments/",
+            url + path,
             data=json.dumps(BODY).encode(),
             headers={"Content-Type": "application/json", "Idempotency-Key": f"{prefix}-{number}"},
         )

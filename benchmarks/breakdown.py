@@ -36,7 +36,7 @@ def environ(path: str, key: str | None) -> dict[str, object]:
         "wsgi.url_scheme": "http",
         "wsgi.errors": sys.stderr,
         "wsgi.multithread": True,
-        "wsgi.multiprocess": True,
+        "wsgi.multiprocess": False,  # One process: the memory store variants refuse several.
         "wsgi.run_once": False,
         "wsgi.version": (1, 0),
     }
@@ -73,6 +73,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", help="print the cProfile of this variant (its name)")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--sort", default="cumulative", help="a pstats sort key, e.g. tottime")
+    parser.add_argument("--restrict", nargs="*", default=[], help="e.g. django_idempotency")
+    parser.add_argument("--callees", help="print what the functions matching this call instead")
+    parser.add_argument("--dump", help="also save the profile to this file (for pstats)")
     parser.add_argument("--only", nargs="*", help="these variants (names) only")
     args = parser.parse_args()
 
@@ -102,6 +106,10 @@ def main() -> None:
     counter = iter(range(10**9))
     cached = {"IDEMPOTENCY_CACHE": "idempotency"}
     memory = {"IDEMPOTENCY_STORE": "django_idempotency.stores.memory.MemoryStore"}
+    redis = {  # The Redis store (lease mode only), on the cache alias REDIS_URL names.
+        "IDEMPOTENCY_STORE": "django_idempotency.stores.redis.RedisStore",
+        "IDEMPOTENCY_REDIS_CACHE": "idempotency",
+    }
     variants: dict[str, tuple[Callable[[], None], dict[str, object]]] = {
         "plain": (lambda: call("/api/bench/plain/", None), {}),
         "recorded": (lambda: call("/api/bench/recorded/", None), {}),
@@ -117,10 +125,13 @@ def main() -> None:
         "fresh-memory": (lambda: call("/api/bench/lease/", f"m-{run}-{next(counter)}"), memory),
         "replay-memory": (lambda: call("/api/bench/lease/", replayed), memory),
         "replay-cache": (lambda: call("/api/payments/", replayed), cached),
+        "fresh-redis": (lambda: call("/api/bench/lease/", f"r-{run}-{next(counter)}"), redis),
+        "replay-redis": (lambda: call("/api/bench/lease/", replayed), redis),
     }
     call("/api/payments/", replayed)
-    with override_settings(**memory):
-        call("/api/bench/lease/", replayed)
+    for store in (memory, redis):
+        with override_settings(**store):
+            call("/api/bench/lease/", replayed)
     server = backend_cpu()
     if args.profile:
         action, settings = variants[args.profile]
@@ -133,7 +144,13 @@ def main() -> None:
                 action()
             profiler.disable()
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.top)
+        if args.dump:
+            profiler.dump_stats(args.dump)
+        stats = pstats.Stats(profiler, stream=out).sort_stats(args.sort)
+        if args.callees:
+            stats.print_callees(args.callees)
+        else:
+            stats.print_stats(*args.restrict, args.top)
         print(out.getvalue())
         return
     chosen = {name: v for name, v in variants.items() if not args.only or name in args.only}

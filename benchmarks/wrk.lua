@@ -1,5 +1,7 @@
 -- wrk script: POST a payment with an Idempotency-Key chosen by mode, print a JSON summary.
--- Arguments: mode (none | unique | pool | fixed), key prefix, pool size.
+-- Arguments: mode (none | unique | mix | pool | fixed), key prefix, pool size.
+-- mix: 95 % first requests, and every 20th request a retry of one this thread sent 19 before
+-- (a first request itself, long answered by then).
 local threads = 0
 
 function setup(thread)
@@ -18,6 +20,10 @@ function request()
   local headers = { ["Content-Type"] = "application/json" }
   if mode == "unique" then
     headers["Idempotency-Key"] = prefix .. "-" .. tid .. "-" .. n
+  elseif mode == "mix" then
+    local number = n
+    if n % 20 == 0 and n > 19 then number = n - 19 end
+    headers["Idempotency-Key"] = prefix .. "-" .. tid .. "-" .. number
   elseif mode == "pool" then
     headers["Idempotency-Key"] = prefix .. "-" .. (n % pool)
   elseif mode == "fixed" then

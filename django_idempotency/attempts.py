@@ -196,8 +196,10 @@ class Attempt:
         claim = self._begin(request)
         if claim.response is not None:
             # Stores and the cache tier only ever hold the sealed form (a copy still pending to
-            # the cache keeps it): opened in a claim of the caller's own.
-            claim = replace(claim, response=unseal(claim.response, conf.ENCRYPTION_KEYS))
+            # the cache keeps it): opened in a claim of the caller's own (when sealed at all).
+            opened = unseal(claim.response, conf.ENCRYPTION_KEYS)
+            if opened is not claim.response:
+                claim = replace(claim, response=opened)
         if claim.outcome is Outcome.FRESH:
             self.claim = claim
             self._lease = request.lease

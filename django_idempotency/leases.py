@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -90,6 +91,10 @@ class Heartbeat:
         self._ended = 0  # Ended holds still in the schedule (it drops them as they come due).
         self._counter = itertools.count()
         self._serving = False  # The thread is started (and has not died).
+        # When the thread looks at the schedule next: the end of its sleep (inf: until woken),
+        # or -inf while it is not sleeping (starting, or renewing). A hold due later than that
+        # needs no wake-up: each request's hold would otherwise wake it for nothing.
+        self._wakes_at = -math.inf
         self._unrenewable: set[type[BaseStore]] = set()
         self._warned: set[object] = set()  # What this process was warned about, once.
 
@@ -105,7 +110,7 @@ class Heartbeat:
         hold.due = time.monotonic() + hold.interval
         with self._schedule:
             self._push(hold)
-            if self._due[0][2] is hold:
+            if hold.due < self._wakes_at:
                 self._wakeup.set()  # Sooner than the thread was to wake (or it waits for none).
             starting, self._serving = not self._serving, True
         if starting:
@@ -203,9 +208,13 @@ class Heartbeat:
             now = time.monotonic()
             self._drop_ended_heads()
             if not self._due:
+                self._wakes_at = math.inf
                 return [], None
             if self._due[0][0] > now:
-                return [], max(self._due[0][0] - now, NAP)
+                sleep = max(self._due[0][0] - now, NAP)
+                self._wakes_at = now + sleep
+                return [], sleep
+            self._wakes_at = -math.inf  # Renewing: it looks at the schedule again after.
             due = []
             while self._due and self._due[0][0] <= now + NAP:
                 hold = heapq.heappop(self._due)[2]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
@@ -23,13 +23,30 @@ def on_a_live_connection(action: Callable[[], T]) -> T:
     connection met after a statement that went through, or one inside a transaction (lost with
     it), is raised as it is.
     """
+    # Only a connection already open can be one a restart left dead (one in a transaction is
+    # lost with it): without one (CONN_MAX_AGE = 0), nothing is watched.
+    if not any(
+        connection.connection is not None and not connection.in_atomic_block
+        for connection in connections.all(initialized_only=True)
+    ):
+        return action()
+    # Every connection is watched, a new one too: a statement that went through on any of
+    # them forbids running `action` again.
     statements = _Statements()
+    watched = [
+        (connection, partial(statements.watch, connection.alias))
+        for connection in connections.all()
+    ]
+    for connection, watch in watched:
+        connection.execute_wrappers.append(watch)
     try:
-        with statements.watched():
-            return action()
+        return action()
     except DatabaseError:
         if not statements.first_failed_on_a_dead_connection():
             raise
+    finally:
+        for connection, watch in watched:
+            connection.execute_wrappers.remove(watch)
     return action()
 
 
@@ -41,15 +58,7 @@ class _Statements:
         self.went_through = False
         self.failed_on: str | None = None
 
-    @contextlib.contextmanager
-    def watched(self) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            for connection in connections.all():
-                watch = partial(self._watch, connection.alias)
-                stack.enter_context(connection.execute_wrapper(watch))
-            yield
-
-    def _watch(self, alias: str, execute: Callable[..., Any], *args: Any) -> Any:
+    def watch(self, alias: str, execute: Callable[..., Any], *args: Any) -> Any:
         try:
             result = execute(*args)
         except DatabaseError:

@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -41,7 +41,6 @@ from django_idempotency.stores.clocks import StoreClock
 if TYPE_CHECKING:
     from redis import Redis
     from redis.cluster import RedisCluster
-    from redis.commands.core import Script
 
 logger = logging.getLogger("django_idempotency")
 
@@ -191,6 +190,13 @@ return 1
 """
 
 
+# Redis's own id of each script (EVALSHA): computed once, not per call.
+_SHA1 = {
+    source: hashlib.sha1(source.encode()).hexdigest()
+    for source in (CLAIM, TAKE_OVER, COMPLETE, RELEASE, END_LEASE, RENEW, SAVE_STEPS)
+}
+
+
 class RedisStore(BaseStore):
     """Records in the Redis behind the django-redis cache alias IDEMPOTENCY_REDIS_CACHE.
 
@@ -201,7 +207,11 @@ class RedisStore(BaseStore):
     supports_atomic = False
 
     def __init__(self) -> None:
-        self._scripts: dict[str, Script] = {}
+        # Each alias's client and key function, with the CACHES they were made from: Django's
+        # cache objects are per thread, and looking one up costs more than a script call's own
+        # Python; the client (django-redis's, over its process-wide pool) serves every thread.
+        self._clients: dict[str, tuple[Any, Redis | RedisCluster]] = {}
+        self._key_functions: dict[str, tuple[Any, Callable[[str], str]]] = {}
         self._policies_checked: set[str] = set()  # The aliases whose eviction policy was read.
         self._clocks: dict[str, StoreClock] = {}  # Each alias's Redis clock.
         self._native = threads.native_local()  # Under gevent, the heartbeat thread's clients.
@@ -213,19 +223,38 @@ class RedisStore(BaseStore):
     def connection(self) -> Redis | RedisCluster:
         """The alias's client: django-redis's, shared by the process's threads; under gevent,
         in the heartbeat's native thread, a client of that thread's own."""
-        # django-redis ships no type information.
-        from django_redis import get_redis_connection  # type: ignore[import-untyped]
+        if threads.native_under_gevent():
+            return self._native_connection()
+        return self._client()
 
-        try:
-            if threads.native_under_gevent():
-                return self._native_connection()
-            # A RedisCluster with django_idempotency.contrib.redis_cluster.RedisClusterClient.
-            return cast("Redis | RedisCluster", get_redis_connection(self.alias, write=True))
-        except NotImplementedError as exc:
-            raise ImproperlyConfigured(
-                f"IDEMPOTENCY_REDIS_CACHE = {self.alias!r} is not a django-redis cache: the"
-                " Redis store needs its connection (BACKEND django_redis.cache.RedisCache)."
-            ) from exc
+    def _client(self) -> Redis | RedisCluster:
+        """The alias's client, made again once CACHES changes (as `override_settings` changes
+        it: Django then replaces `caches.settings` whole)."""
+        alias, configured = self.alias, caches.settings
+        made = self._clients.get(alias)
+        if made is None or made[0] is not configured:
+            # django-redis ships no type information.
+            from django_redis import get_redis_connection  # type: ignore[import-untyped]
+
+            try:
+                # A RedisCluster with django_idempotency.contrib.redis_cluster.RedisClusterClient.
+                client = get_redis_connection(alias, write=True)
+            except NotImplementedError as exc:
+                raise ImproperlyConfigured(
+                    f"IDEMPOTENCY_REDIS_CACHE = {alias!r} is not a django-redis cache: the"
+                    " Redis store needs its connection (BACKEND django_redis.cache.RedisCache)."
+                ) from exc
+            made = self._clients[alias] = (configured, client)
+        return made[1]
+
+    def _make_key(self, key: str) -> str:
+        """`key` as the alias's cache makes its own keys; its key function kept as the client
+        is (making the client may already need the server: a Redis Cluster's does)."""
+        alias, configured = self.alias, caches.settings
+        made = self._key_functions.get(alias)
+        if made is None or made[0] is not configured:
+            made = self._key_functions[alias] = (configured, caches[alias].make_key)
+        return str(made[1](key))
 
     def _native_connection(self) -> Redis | RedisCluster:
         """A client with a pool of the calling native thread's own, made in it. Under gevent
@@ -265,7 +294,7 @@ class RedisStore(BaseStore):
         VERSION and KEY_FUNCTION: caches kept apart by them keep their records apart); its hash
         tag puts the whole record in one Cluster slot."""
         digest = hashlib.sha256("\x00".join((scope.namespace, scope.owner, scope.key)).encode())
-        return caches[self.alias].make_key(f"django_idempotency:1:{{{digest.hexdigest()}}}")
+        return self._make_key(f"django_idempotency:1:{{{digest.hexdigest()}}}")
 
     def begin(self, request: ClaimRequest) -> Claim:
         key = self.record_key(request.scope)
@@ -382,12 +411,16 @@ class RedisStore(BaseStore):
 
     def _run(self, source: str, key: str, args: Sequence[Any]) -> Any:
         """Run a script on the record's key; a Redis that cannot answer is `StoreUnavailable`."""
+        from redis.exceptions import NoScriptError
+
+        sha = _SHA1[source]
         with self._unavailable_as_store_error():
             connection = self._checked_connection()
-            script = self._scripts.get(source)
-            if script is None:
-                script = self._scripts[source] = connection.register_script(source)
-            return script(keys=[key], args=args, client=connection)
+            try:
+                return connection.evalsha(sha, 1, key, *args)
+            except NoScriptError:  # A new Redis, or one restarted: it has no script yet.
+                connection.script_load(source)
+                return connection.evalsha(sha, 1, key, *args)
 
     def _run_and_wait(self, source: str, key: str, args: Sequence[Any]) -> tuple[Any, int]:
         """Run a script, then WAIT for IDEMPOTENCY_REDIS_WAIT_REPLICAS replicas: the script's
@@ -403,7 +436,7 @@ class RedisStore(BaseStore):
         from redis.exceptions import ConnectionError, MovedError, NoScriptError
 
         timeout = max(1, math.ceil(conf.REDIS_WAIT_TIMEOUT.total_seconds() * 1000))
-        sha = hashlib.sha1(source.encode()).hexdigest()  # Redis's own id of the script.
+        sha = _SHA1[source]
         with self._unavailable_as_store_error():
             connection = self._checked_connection()
             for attempt in range(3):

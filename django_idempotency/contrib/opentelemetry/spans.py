@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, SpanKind
 
 from django_idempotency import signals
 from django_idempotency.conf import conf
@@ -42,6 +42,15 @@ _open: dict[tuple[str, str, str], Span] = {}
 _lock = threading.Lock()
 
 
+def _tracing() -> bool:
+    """IDEMPOTENCY_TRACING is on and a tracer provider records spans: with the API alone (no
+    SDK configured yet, or the no-op provider) a span would be built and dropped on every event,
+    so none is built. A provider set later is seen at the next event."""
+    return conf.TRACING and not isinstance(
+        trace.get_tracer_provider(), (ProxyTracerProvider, NoOpTracerProvider)
+    )
+
+
 def install() -> None:
     """Connect the spans to the outcome signals; running it again changes nothing (dispatch_uid).
 
@@ -66,7 +75,7 @@ def open_span(
     duration: float | None = None,
     **kwargs: Any,
 ) -> None:
-    if not conf.TRACING:
+    if not _tracing():
         return
     span = _start(request, namespace, key, duration)
     with _lock:
@@ -90,7 +99,7 @@ def _ending_receiver(outcome: str) -> Callable[..., None]:
         duration: float | None = None,
         **kwargs: Any,
     ) -> None:
-        if not conf.TRACING:
+        if not _tracing():
             return
         if outcome in ("fresh", "released"):
             with _lock:
