@@ -77,6 +77,11 @@ def main() -> None:
     parser.add_argument("--restrict", nargs="*", default=[], help="e.g. django_idempotency")
     parser.add_argument("--callees", help="print what the functions matching this call instead")
     parser.add_argument("--dump", help="also save the profile to this file (for pstats)")
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="count the Python function calls per request instead of timing (deterministic)",
+    )
     parser.add_argument("--only", nargs="*", help="these variants (names) only")
     args = parser.parse_args()
 
@@ -112,6 +117,10 @@ def main() -> None:
     }
     variants: dict[str, tuple[Callable[[], None], dict[str, object]]] = {
         "plain": (lambda: call("/api/bench/plain/", None), {}),
+        # The plain create sent a key: the same as plain here, a peer's guard under
+        # DJANGO_SETTINGS_MODULE=benchmarks.peer_settings (benchmarks/peers.py).
+        "plain-fresh-key": (lambda: call("/api/bench/plain/", f"p-{run}-{next(counter)}"), {}),
+        "plain-replay-key": (lambda: call("/api/bench/plain/", f"plain-{replayed}"), {}),
         "recorded": (lambda: call("/api/bench/recorded/", None), {}),
         "floor": (lambda: call("/api/bench/floor/", None), {}),
         "fresh-atomic": (lambda: call("/api/payments/", f"f-{run}-{next(counter)}"), {}),
@@ -123,15 +132,16 @@ def main() -> None:
         "replay": (lambda: call("/api/payments/", replayed), {}),
         # The guard's own Python, with a store that costs almost nothing (per process, no I/O).
         "fresh-memory": (lambda: call("/api/bench/lease/", f"m-{run}-{next(counter)}"), memory),
-        "replay-memory": (lambda: call("/api/bench/lease/", replayed), memory),
+        "replay-memory": (lambda: call("/api/bench/lease/", f"lease-{replayed}"), memory),
         "replay-cache": (lambda: call("/api/payments/", replayed), cached),
         "fresh-redis": (lambda: call("/api/bench/lease/", f"r-{run}-{next(counter)}"), redis),
-        "replay-redis": (lambda: call("/api/bench/lease/", replayed), redis),
+        "replay-redis": (lambda: call("/api/bench/lease/", f"lease-{replayed}"), redis),
     }
     call("/api/payments/", replayed)
+    call("/api/bench/plain/", f"plain-{replayed}")
     for store in (memory, redis):
         with override_settings(**store):
-            call("/api/bench/lease/", replayed)
+            call("/api/bench/lease/", f"lease-{replayed}")
     server = backend_cpu()
     if args.profile:
         action, settings = variants[args.profile]
@@ -154,6 +164,9 @@ def main() -> None:
         print(out.getvalue())
         return
     chosen = {name: v for name, v in variants.items() if not args.only or name in args.only}
+    if args.calls:
+        print_call_counts(chosen, args.requests)
+        return
     samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in chosen}
     for _ in range(args.rounds):  # Interleaved, so drift on the machine hits every variant.
         for name, (action, settings) in chosen.items():
@@ -175,6 +188,47 @@ def main() -> None:
     for name, measured in samples.items():
         client, db, wall = (statistics.median(column) for column in zip(*measured, strict=True))
         print(f"| {name} | {client:.3f} | {db:.3f} | {client + db:.3f} | {wall:.3f} |")
+
+
+# Modules a request that uses none of them should not reach: steps, the outbound client and the
+# heartbeat (a lease-mode claim holds and ends a renewal; an atomic one touches nothing).
+OPT_IN = (
+    "django_idempotency/steps.py",
+    "django_idempotency/outbound/",
+    "django_idempotency/leases.py",
+)
+
+
+def print_call_counts(
+    chosen: dict[str, tuple[Callable[[], None], dict[str, object]]], n: int
+) -> None:
+    """Python function calls per request, counted by cProfile: the same on every run of the same
+    code, so a change to the guard's own work shows however noisy the machine's timings are."""
+    from django.test import override_settings
+
+    print("| variant | calls | in django_idempotency | in steps, outbound, leases |")
+    print("|---|---:|---:|---:|")
+    for name, (action, settings) in chosen.items():
+        with override_settings(**settings):
+            for _ in range(100):
+                action()
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(n):
+                action()
+            profiler.disable()
+        stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        counts = {"all": 0, "package": 0, "opt-in": 0}
+        for (filename, _, _), (_, calls, *_) in stats.items():
+            counts["all"] += calls
+            if "django_idempotency/" in filename:
+                counts["package"] += calls
+            if any(part in filename for part in OPT_IN):
+                counts["opt-in"] += calls
+        print(
+            f"| {name} | {counts['all'] / n:.0f} | {counts['package'] / n:.0f} "
+            f"| {counts['opt-in'] / n:.0f} |"
+        )
 
 
 if __name__ == "__main__":

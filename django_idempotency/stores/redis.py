@@ -411,16 +411,20 @@ class RedisStore(BaseStore):
 
     def _run(self, source: str, key: str, args: Sequence[Any]) -> Any:
         """Run a script on the record's key; a Redis that cannot answer is `StoreUnavailable`."""
-        from redis.exceptions import NoScriptError
+        from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
         sha = _SHA1[source]
-        with self._unavailable_as_store_error():
+        # Not `_unavailable_as_store_error`: every request runs this twice, and a generator's
+        # context manager costs more than the try.
+        try:
             connection = self._checked_connection()
             try:
                 return connection.evalsha(sha, 1, key, *args)
             except NoScriptError:  # A new Redis, or one restarted: it has no script yet.
                 connection.script_load(source)
                 return connection.evalsha(sha, 1, key, *args)
+        except (RedisError, RedisClusterException) as exc:
+            raise self._unavailable(exc) from exc
 
     def _run_and_wait(self, source: str, key: str, args: Sequence[Any]) -> tuple[Any, int]:
         """Run a script, then WAIT for IDEMPOTENCY_REDIS_WAIT_REPLICAS replicas: the script's
@@ -471,7 +475,10 @@ class RedisStore(BaseStore):
         try:
             yield
         except (RedisError, RedisClusterException) as exc:
-            raise StoreUnavailable(f"Redis ({self.alias!r}): {exc}") from exc
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        return StoreUnavailable(f"Redis ({self.alias!r}): {exc}")
 
     def _checked_connection(self) -> Redis | RedisCluster:
         connection = self.connection()
