@@ -76,20 +76,20 @@ def test_a_view_running_three_times_its_lease_keeps_its_claim(store: str) -> Non
     first.start()
     assert started.wait(10)
     began = time.monotonic()
-    duplicates, sent_at = [], []
-    # Time itself is what is tested: the lease would have run out three times by the end.
-    while time.monotonic() - began < 3 * LEASE:
-        sent_at.append(time.monotonic() - began)
+    duplicates = []
+    # Time itself is what is tested: retries until one is sent after the lease would have run
+    # out three times (however long each takes on a loaded machine).
+    while True:
+        sent = time.monotonic() - began
         duplicates.append(post(Client(), "/long/", key="long-1").status_code)
+        if sent >= 3 * LEASE:
+            break
         time.sleep(LEASE / 4)
     finish.set()
     first.join(10)
     replay = post(Client(), "/long/", key="long-1")
 
     assert set(duplicates) == {409}, duplicates  # Never taken over: the lease was renewed.
-    # A retry was sent after the first lease would have ended twice over (a count of retries
-    # would measure the machine's load, not the lease).
-    assert max(sent_at) > 2 * LEASE, sent_at
     assert answers["first"].status_code == 201
     assert replay["Idempotent-Replayed"] == "true" and replay.json() == {"run": 1}
     assert runs == {"long": 1}
