@@ -23,20 +23,15 @@ def on_a_live_connection(action: Callable[[], T]) -> T:
     connection met after a statement that went through, or one inside a transaction (lost with
     it), is raised as it is.
     """
+    every = connections.all()
     # Only a connection already open can be one a restart left dead (one in a transaction is
     # lost with it): without one (CONN_MAX_AGE = 0), nothing is watched.
-    if not any(
-        connection.connection is not None and not connection.in_atomic_block
-        for connection in connections.all(initialized_only=True)
-    ):
+    if not any(c.connection is not None and not c.in_atomic_block for c in every):
         return action()
     # Every connection is watched, a new one too: a statement that went through on any of
     # them forbids running `action` again.
     statements = _Statements()
-    watched = [
-        (connection, partial(statements.watch, connection.alias))
-        for connection in connections.all()
-    ]
+    watched = [(connection, partial(statements.watch, connection.alias)) for connection in every]
     for connection, watch in watched:
         connection.execute_wrappers.append(watch)
     try:
