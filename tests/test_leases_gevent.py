@@ -72,7 +72,7 @@ import os
 
 
 def post_worker_init(worker):
-    open(os.path.join(os.getcwd(), f"worker-ready-{os.getpid()}"), "w").close()
+    open(os.path.join(os.environ["LEASES_READY"], f"worker-ready-{os.getpid()}"), "w").close()
 """
 
 
@@ -105,6 +105,7 @@ def gevent_workers(
         "LEASES_DATABASE": json.dumps(database, default=str),
         "LEASES_STORE": json.dumps(store),
         "LEASES_RUNS": str(runs),
+        "LEASES_READY": str(tmp_path),
     }
     server = subprocess.Popen(
         [
@@ -113,7 +114,9 @@ def gevent_workers(
             *("--bind", f"127.0.0.1:{port}", "--error-logfile", str(log), "--capture-output"),
             "django.core.wsgi:get_wsgi_application()",
         ],
-        cwd=tmp_path,
+        # The project's root, as every server the suite starts: the mutation run's stats (mutmut
+        # in a process the suite starts) find its configuration there.
+        cwd=Path(__file__).resolve().parent.parent,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
