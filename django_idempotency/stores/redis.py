@@ -210,8 +210,8 @@ class RedisStore(BaseStore):
         # Each alias's client and key function, with the CACHES they were made from: Django's
         # cache objects are per thread, and looking one up costs more than a script call's own
         # Python; the client (django-redis's, over its process-wide pool) serves every thread.
-        self._clients: dict[str, tuple[Any, Redis | RedisCluster]] = {}
-        self._key_functions: dict[str, tuple[Any, Callable[[str], str]]] = {}
+        self._clients: dict[str, tuple[Any, Any]] = {}
+        self._key_functions: dict[str, tuple[Any, Any]] = {}
         self._policies_checked: set[str] = set()  # The aliases whose eviction policy was read.
         self._clocks: dict[str, StoreClock] = {}  # Each alias's Redis clock.
         self._native = threads.native_local()  # Under gevent, the heartbeat thread's clients.
@@ -228,33 +228,22 @@ class RedisStore(BaseStore):
         return self._client()
 
     def _client(self) -> Redis | RedisCluster:
-        """The alias's client, made again once CACHES changes (as `override_settings` changes
-        it: Django then replaces `caches.settings` whole)."""
-        alias, configured = self.alias, caches.settings
-        made = self._clients.get(alias)
-        if made is None or made[0] is not configured:
-            # django-redis ships no type information.
-            from django_redis import get_redis_connection  # type: ignore[import-untyped]
-
-            try:
-                # A RedisCluster with django_idempotency.contrib.redis_cluster.RedisClusterClient.
-                client = get_redis_connection(alias, write=True)
-            except NotImplementedError as exc:
-                raise ImproperlyConfigured(
-                    f"IDEMPOTENCY_REDIS_CACHE = {alias!r} is not a django-redis cache: the"
-                    " Redis store needs its connection (BACKEND django_redis.cache.RedisCache)."
-                ) from exc
-            made = self._clients[alias] = (configured, client)
-        return made[1]
+        """The alias's client (django-redis's, over its process-wide pool)."""
+        return cast("Redis | RedisCluster", self._kept(self._clients, _django_redis_client))
 
     def _make_key(self, key: str) -> str:
-        """`key` as the alias's cache makes its own keys; its key function kept as the client
-        is (making the client may already need the server: a Redis Cluster's does)."""
+        """`key` as the alias's cache makes its own keys. Its key function is kept apart from the
+        client: making the client may already need the server (a Redis Cluster's does)."""
+        return str(self._kept(self._key_functions, lambda alias: caches[alias].make_key)(key))
+
+    def _kept(self, kept: dict[str, tuple[Any, Any]], make: Callable[[str], Any]) -> Any:
+        """What `make` made for the alias, made again once CACHES changes (as `override_settings`
+        changes it: Django then replaces `caches.settings` whole)."""
         alias, configured = self.alias, caches.settings
-        made = self._key_functions.get(alias)
+        made = kept.get(alias)
         if made is None or made[0] is not configured:
-            made = self._key_functions[alias] = (configured, caches[alias].make_key)
-        return str(made[1](key))
+            made = kept[alias] = (configured, make(alias))
+        return made[1]
 
     def _native_connection(self) -> Redis | RedisCluster:
         """A client with a pool of the calling native thread's own, made in it. Under gevent
@@ -584,6 +573,21 @@ def _record(found: list[bytes | None], *, like: datetime) -> Record:
         response=response,
         operation_id=_text(fields["operation"]),
     )
+
+
+def _django_redis_client(alias: str) -> Any:
+    """django-redis's client of the cache `alias`: a RedisCluster with
+    django_idempotency.contrib.redis_cluster.RedisClusterClient."""
+    # django-redis ships no type information.
+    from django_redis import get_redis_connection  # type: ignore[import-untyped]
+
+    try:
+        return get_redis_connection(alias, write=True)
+    except NotImplementedError as exc:
+        raise ImproperlyConfigured(
+            f"IDEMPOTENCY_REDIS_CACHE = {alias!r} is not a django-redis cache: the"
+            " Redis store needs its connection (BACKEND django_redis.cache.RedisCache)."
+        ) from exc
 
 
 _CLAIMED_AT = 8  # The index of the claim's `now` in `_claim_args`.
