@@ -753,3 +753,18 @@ def test_a_forked_worker_renews_its_own_holds_in_a_heartbeat_thread_of_its_own()
     assert renewed["child"][-1] == "MainThread"  # Its beat: its own hold only.
     assert renewed["parent"] == []
     assert parents.renewed_in == []  # Nor renewed here: due in 20 s.
+
+
+def test_a_short_lease_held_while_the_thread_sleeps_toward_a_long_one_is_renewed_in_time() -> None:
+    beating, store = Heartbeat(), RenewalsNoted()
+    long = beating.hold(Holding(store), timedelta(minutes=1))  # The thread sleeps 20 s for it.
+    ended = beating.hold(Holding(store), timedelta(minutes=2))
+    beating.end(ended)
+    wait_for(lambda: beating._wakes_at > time.monotonic() + 10, 10)  # Asleep toward `long`.
+    short = beating.hold(Holding(store), timedelta(seconds=0.3))  # Due in 0.1 s: wakes it.
+
+    wait_for(lambda: "django-idempotency-heartbeat" in store.renewed_in, 2)
+    beating.end(short)
+    beating.end(long)
+
+    assert store.renewed_in[0] == "django-idempotency-heartbeat"
