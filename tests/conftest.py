@@ -34,6 +34,12 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 # The markers that name databases; a test carrying any of them runs only on those.
 DATABASE_MARKERS = ("sqlite", "postgresql", "mariadb")
 
+# Behind PgBouncer, the files whose outcome the pooler cannot change, left to the run on
+# PostgreSQL without it: the admin's pages and the system checks read through Django's ORM in
+# one connection, and the HTTP properties send the requests of tests/test_http.py, whose store
+# statements, transactions and locks run here, with other bodies (docs/contributing.md).
+NOT_ABOUT_THE_POOLER = frozenset({"test_admin.py", "test_checks.py", "test_http_properties.py"})
+
 
 def database_under_test() -> str:
     from django.conf import settings
@@ -69,11 +75,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     pooled = behind_pgbouncer()
     only_database_tests = os.environ.get("ONLY_DATABASE_TESTS") == "1"
+    # The browser tests (Chromium, about 45 s of CPU a run) run in the runs that set no BROWSER:
+    # what the browser does with a form is the same on every database and Django; the store
+    # under them is tested on each database by the HTTP tests (docs/contributing.md).
+    without_browser = os.environ.get("BROWSER") == "0"
 
     def elsewhere(item: pytest.Item) -> bool:
         if only_database_tests and not about_the_database(item):
             return True
         if without_replica and item.get_closest_marker("replica"):
+            return True
+        if without_browser and item.get_closest_marker("browser"):
             return True
         if item.get_closest_marker(unlike_redis):
             return True
@@ -81,6 +93,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("pgbouncer") and not pooled:
             return True
         if item.get_closest_marker("no_pooler") and pooled:
+            return True
+        if pooled and item.path.name in NOT_ABOUT_THE_POOLER:
             return True
         return bool(named) and database not in named
 

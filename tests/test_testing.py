@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -266,7 +267,9 @@ def test_the_helpers_import_without_pytest_only_the_store_contract_needs_it() ->
         "print('pytest' in sys.modules)"
     )
     root = Path(__file__).parent.parent
-    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(root)}
+    # The tox env's own variables kept (PYTHONPYCACHEPREFIX: without it the child compiles
+    # Django afresh, seconds of CPU); pytest is not imported through any of them.
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(root)}
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, check=True
     )
