@@ -1,7 +1,9 @@
-"""Processes for the clock and stall tests: one whose wall clock is off, trying a key held in
-lease mode, and one paying in two steps with a pause between them (where the test stops it).
+"""Processes for the clock, stall and lookup tests: one whose wall clock is off, trying a key
+held in lease mode, one holding a key, and one paying in two steps with a pause between them
+(where the test stops it).
 
     python -m tests.clock_processes ahead KEY MARKER SKEW TRIES
+    python -m tests.clock_processes hold KEY MARKER SECONDS
     python -m tests.clock_processes two-steps KEY EFFECTS
 
 The store comes from CLOCK_TEST_STORE ("database" or "redis"; on Redis, the records under the
@@ -157,6 +159,8 @@ def main(role: str, key: str, *args: str) -> None:
     with _the_tests_store():
         if role == "ahead":
             print(json.dumps(clock_processes._ahead(key, args[0], float(args[1]), int(args[2]))))
+        elif role == "hold":
+            print(clock_processes.hold(key, args[0], float(args[1])))
         elif role == "two-steps":
             try:
                 print(clock_processes.pay_in_two_steps(key, args[0]))

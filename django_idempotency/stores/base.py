@@ -133,6 +133,10 @@ class BaseStore:
       commit with it.
     - `lookup` may answer a replay (or mismatch) from a faster copy before any transaction is
       opened; None sends the request on to `begin`.
+    - `read` returns the record holding a scope's key as the store of record has it (a
+      `HeldKey`: status, request, lease, expiry, stored response), or None; it claims nothing
+      and waits on no lock. An in-progress record that only the claiming transaction can see
+      yet (atomic mode) reads as None.
     - `purge` deletes expired records (`expires_at` at or before `now`) not held by a live
       lease, in short batches, each its own transaction, calling `forget` (by default
       `self.forget`) with each batch's scopes. An abandoned claim (in progress, lease run out)
@@ -190,6 +194,14 @@ class BaseStore:
 
     def lookup(self, request: ClaimRequest) -> Claim | None:
         return None
+
+    def read(self, scope: Scope) -> HeldKey | None:
+        """The record that holds the scope's key as it stands, read without claiming or locking
+        it (`django_idempotency.lookup`); None where there is none."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot read a record without claiming its key: implement"
+            " read(scope) to serve django_idempotency.lookup() and wait_for()."
+        )
 
     def begin(self, request: ClaimRequest) -> Claim:
         raise NotImplementedError

@@ -19,6 +19,7 @@ from django_idempotency.stores.base import (
     ALL_AT_DEFAULTS,
     BaseStore,
     ClaimRequest,
+    HeldKey,
     PurgeOptions,
     PurgeResult,
     after_response,
@@ -83,6 +84,10 @@ class CacheTier(BaseStore):
         if identity != (request.fingerprint, request.method, request.path):
             return Claim(Outcome.MISMATCH)
         return Claim(Outcome.REPLAY, response=StoredResponse(status, headers, body, reason))
+
+    def read(self, scope: Scope) -> HeldKey | None:
+        """The store of record's: the cache keeps completed records only."""
+        return self.inner.read(scope)
 
     def begin(self, request: ClaimRequest) -> Claim:
         claim = self._copied(self.inner.begin(request))

@@ -110,6 +110,14 @@ class DatabaseStore(BaseStore):
             return None
         return row.answer(request)
 
+    def read(self, scope: Scope) -> RecordRow | None:
+        """The key's record, one indexed read outside any transaction of the store's own."""
+        connection = self.connection
+        try:
+            return on_a_live_connection(lambda: self._find(connection, scope))
+        except _UNREACHABLE as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
     def _find(
         self, connection: BaseDatabaseWrapper, scope: Scope, *, locking: bool = False
     ) -> RecordRow | None:

@@ -73,6 +73,9 @@ class MemoryStore(BaseStore):
             return Claim(Outcome.IN_PROGRESS)  # Released, or taken over and lost again, since.
         return current.answer(request)
 
+    def read(self, scope: Scope) -> Record | None:
+        return self.records.get(scope)
+
     def _claim(
         self, request: ClaimRequest, operation_id: str, steps: Mapping[str, bytes] | None = None
     ) -> Claim:

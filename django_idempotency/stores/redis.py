@@ -93,6 +93,9 @@ CLAIM = (
     + "return false\n"
 )
 
+# The record holding the key as it stands, or nil (`read`).
+READ = _READ_RECORD + f"if {_found('status')} then return found end\nreturn false\n"
+
 # The key whose slot's primary tells the time on a Redis Cluster (nothing is stored under it).
 CLOCK_KEY = "django_idempotency:clock"
 
@@ -193,7 +196,7 @@ return 1
 # Redis's own id of each script (EVALSHA): computed once, not per call.
 _SHA1 = {
     source: hashlib.sha1(source.encode()).hexdigest()
-    for source in (CLAIM, TAKE_OVER, COMPLETE, RELEASE, END_LEASE, RENEW, SAVE_STEPS)
+    for source in (CLAIM, READ, TAKE_OVER, COMPLETE, RELEASE, END_LEASE, RENEW, SAVE_STEPS)
 }
 
 
@@ -312,6 +315,10 @@ class RedisStore(BaseStore):
                     return Claim(Outcome.IN_PROGRESS)  # Another retry took it over first.
                 return record.answer(request)  # Completed meanwhile (or another retry's).
         return fresh_claim(request, token, operation_id=operation_id)
+
+    def read(self, scope: Scope) -> Record | None:
+        found = self._run(READ, self.record_key(scope), [])
+        return None if found is None else _record(found, like=self.now())
 
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
         assert claim.scope is not None and claim.expires_at is not None

@@ -205,6 +205,49 @@ class StoreContract:
         assert not store.release(claim)
         self.assert_replays(store, self.request(scope, now + MILLISECOND), RESPONSE)
 
+    # Reads (django_idempotency.lookup).
+
+    def test_a_read_finds_no_record_for_a_new_or_released_key_and_claims_nothing(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        assert store.read(scope) is None
+        claim = self.fresh(store, self.request(scope, now))  # The read claimed nothing.
+        assert store.release(claim)
+
+        assert store.read(scope) is None
+
+    def test_a_read_finds_a_claim_in_progress_with_its_request_and_lease(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        claim = self.fresh(store, self.request(scope, now))
+
+        record = store.read(scope)
+
+        assert record is not None
+        assert (record.status, record.fingerprint, record.method, record.path) == (
+            "in_progress",
+            FINGERPRINT,
+            "POST",
+            "/contract/",
+        )
+        assert record.lease_expires_at == now + timedelta(seconds=60)
+        assert record.expires_at == now + timedelta(hours=1)
+        assert record.operation_id == claim.operation_id
+        assert not record.abandoned(now + MILLISECOND)
+        assert self.outcome(store, self.request(scope, now + MILLISECOND)) is Outcome.IN_PROGRESS
+
+    def test_a_read_finds_the_completed_record_with_its_stored_response(
+        self, store: BaseStore, scope: Scope, now: datetime
+    ) -> None:
+        self.completed(store, self.request(scope, now))
+
+        record = store.read(scope)
+
+        assert record is not None
+        assert record.status == "completed"
+        assert record.stored_response() == RESPONSE
+        self.assert_replays(store, self.request(scope, now + MILLISECOND), RESPONSE)
+
     # Take-overs.
 
     def test_a_take_over_against_a_late_completion_replays(
