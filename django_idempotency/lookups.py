@@ -11,6 +11,7 @@ from typing import Any
 from django_idempotency.attempts import FIRST_DELAY, next_delay
 from django_idempotency.conf import conf
 from django_idempotency.core.outcomes import Scope, Status, StoredResponse, is_not_stored
+from django_idempotency.encryption import unseal
 from django_idempotency.exceptions import KeyInProgress, ResultNotStored
 from django_idempotency.http.responses import BODY_NOT_STORED
 from django_idempotency.results import JSONSerializer, ResultSerializer
@@ -84,7 +85,8 @@ def lookup(key: str, *, namespace: str, owner: str = "") -> KeyStatus:
     (its ``namespace=``, else its dotted name) and its ``owner=`` value; a view's
     ``IDEMPOTENCY_NAMESPACE`` (or its ``namespace=``) and the owner the guard resolved (the
     authenticated user's primary key, as text; "" for nobody). Raises `StoreUnavailable` when
-    the store cannot be reached.
+    the store cannot be reached, and `UnreadableResponse` when an encrypted response was sealed
+    with a key no longer in IDEMPOTENCY_ENCRYPTION_KEYS.
     """
     store = get_store()
     scope = Scope(namespace, owner, key)
@@ -98,7 +100,10 @@ def lookup(key: str, *, namespace: str, owner: str = "") -> KeyStatus:
         state = KeyState.ABANDONED
     else:
         state = KeyState(record.status)
-    response = record.stored_response() if state is KeyState.COMPLETED else None
+    response = None
+    if state is KeyState.COMPLETED:
+        # Stores hold the sealed form: opened here, as a claim opens it.
+        response = unseal(record.stored_response(), conf.ENCRYPTION_KEYS)
     stored = response is None or _whole(response)
     return KeyStatus(
         state,

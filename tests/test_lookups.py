@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
 
 from django_idempotency import KeyState, idempotent_function, lookup, wait_for
 from django_idempotency.conf import conf
+from django_idempotency.encryption import UnreadableResponse
 from django_idempotency.exceptions import KeyInProgress, ResultNotStored
 from django_idempotency.stores import get_store
 from tests.clock_processes import HOLD_LEASE, environment, hold
@@ -25,6 +27,7 @@ from tests.utils import wait_for as wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE = "lookups"
+NEW_KEY, OTHER_KEY = Fernet.generate_key(), Fernet.generate_key()
 seen: list[Any] = []
 
 
@@ -89,6 +92,25 @@ def test_a_key_given_back_after_a_failure_is_absent_and_the_next_call_runs() -> 
     with pytest.raises(LookupError):
         absent.result()
     assert charge("order-3", "acme", 100) == {"charged": 100}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("store")
+def test_an_encrypted_result_is_read_opened_and_unreadable_once_its_key_is_retired() -> None:
+    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[NEW_KEY]):
+        charge("order-5", "acme", 100)
+        found = lookup("order-5", namespace=NAMESPACE, owner="acme")
+        assert found.result() == {"charged": 100}
+        assert found.response is not None and found.response.headers == [
+            ("Content-Type", "application/json")
+        ]
+
+    with (
+        override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[OTHER_KEY]),
+        pytest.raises(UnreadableResponse) as unreadable,
+    ):
+        lookup("order-5", namespace=NAMESPACE, owner="acme")
+    assert unreadable.value.status == 200
 
 
 @pytest.mark.django_db(transaction=True)
