@@ -88,15 +88,20 @@ def lookup(key: str, *, namespace: str, owner: str = "") -> KeyStatus:
     the store cannot be reached, and `UnreadableResponse` when an encrypted response was sealed
     with a key no longer in IDEMPOTENCY_ENCRYPTION_KEYS.
     """
+    return read_key(Scope(namespace, owner, key))[0]
+
+
+def read_key(scope: Scope) -> tuple[KeyStatus, StoredResponse | None]:
+    """`lookup` of a scope, and the completed key's response as it is kept (opened, but with
+    the marks of a response not kept whole, which `http.responses.replay` answers)."""
     store = get_store()
-    scope = Scope(namespace, owner, key)
     record = store.read(scope)
     if record is None:
-        return KeyStatus(KeyState.ABSENT, scope)
+        return KeyStatus(KeyState.ABSENT, scope), None
     now = store.now()
     if record.abandoned(now):
         if record.status != Status.IN_PROGRESS:
-            return KeyStatus(KeyState.ABSENT, scope)  # Expired: the key is free.
+            return KeyStatus(KeyState.ABSENT, scope), None  # Expired: the key is free.
         state = KeyState.ABANDONED
     else:
         state = KeyState(record.status)
@@ -105,7 +110,7 @@ def lookup(key: str, *, namespace: str, owner: str = "") -> KeyStatus:
         # Stores hold the sealed form: opened here, as a claim opens it.
         response = unseal(record.stored_response(), conf.ENCRYPTION_KEYS)
     stored = response is None or _whole(response)
-    return KeyStatus(
+    found = KeyStatus(
         state,
         scope,
         method=record.method,
@@ -117,6 +122,7 @@ def lookup(key: str, *, namespace: str, owner: str = "") -> KeyStatus:
         stored=stored,
         operation_id=record.operation_id,
     )
+    return found, response
 
 
 def _whole(response: StoredResponse) -> bool:

@@ -438,3 +438,17 @@ def test_the_demo_serves_the_schema_with_the_header_on_payments(tmp_path: Path) 
 )
 def test_the_expiry_is_said_in_its_largest_whole_unit(seconds: int, words: str) -> None:
     assert duration(timedelta(seconds=seconds)) == words
+
+
+def test_the_key_status_view_documents_its_header_and_its_answers() -> None:
+    from django_idempotency.contrib.rest_framework.views import KeyStatusAPIView
+
+    paths = schema(path("api/idempotency/status/", KeyStatusAPIView.as_view()))["paths"]
+    operation = paths["/api/idempotency/status/"]["get"]
+
+    key = header(operation)
+    assert key is not None and key["required"] is True
+    assert set(operation["responses"]) == {"200", "400", "404", "409", "410", "503"}
+    for status in ("400", "404", "409", "410", "503"):
+        assert set(operation["responses"][status]["content"]) == {"application/problem+json"}
+    assert "key-not-found" in operation["responses"]["404"]["description"]

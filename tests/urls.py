@@ -6,6 +6,8 @@ from django.contrib import admin
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from django_idempotency.contrib.rest_framework.views import KeyStatusAPIView
+from django_idempotency.views import KeyStatusView
 from tests import views
 
 router = SimpleRouter(trailing_slash=True)
@@ -18,6 +20,8 @@ router.register("viewset/uploads", views.UploadViewSet, basename="uploads")
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("function/charges/", views.function_view),
+    path("idempotency/status/", KeyStatusView.as_view()),
+    path("api/idempotency/status/", KeyStatusAPIView.as_view()),
     path("cbv/charges/", views.ClassView.as_view()),
     path("api-view/charges/", views.drf_function_view),
     path("apiview/charges/", views.DrfAPIView.as_view()),

@@ -118,21 +118,9 @@ class Guard(contextlib.ExitStack):
             request_fingerprint = conf.FINGERPRINT(self.request)
         except problems.FINGERPRINT_ERRORS as exc:
             return problems.body_problem(exc)
-        try:
-            # Loading the session or the user may be the request's first query.
-            owner = on_a_live_connection(lambda: conf.OWNER_RESOLVER(self.request))
-        except DatabaseError as exc:
-            logger.error("The request's owner could not be loaded: %s", exc)
-            return problems.store_unavailable()
-        except OwnerUnknown as exc:
-            logger.error("Request owner unknown: %s", exc)
-            return problems.owner_unknown()
-        if len(owner) > MAX_OWNER_LENGTH or "\x00" in owner:
-            return problems.problem_response(
-                problems.INVALID_OWNER,
-                f"The request's owner (from IDEMPOTENCY_OWNER_RESOLVER) must be at most "
-                f"{MAX_OWNER_LENGTH} characters without NUL bytes: fix what identifies you.",
-            )
+        owner = request_owner(self.request)
+        if not isinstance(owner, str):
+            return owner
         scope = Scope(settings.namespace, owner, key)
         # The path without its query string: the fingerprint decides whether the query matters
         # (the default one includes it), the path only keeps one endpoint from answering another.
@@ -167,17 +155,8 @@ class Guard(contextlib.ExitStack):
                 ttl=settings.ttl,
                 lease=settings.lease,
             )
-        except StoreUnavailable as exc:
-            return problems.unusable_store(exc)
-        except ProgrammingError:
-            # PostgreSQL reports a missing table so (SQLite as unreachable, above).
-            answer = problems.unusable_store(None)
-            if answer is None:
-                raise
-            return answer
-        except UnreadableResponse as exc:
-            logger.error("A stored response could not be replayed: %s", exc)
-            return problems.not_decryptable(exc.status)
+        except STORE_FAILURES as exc:
+            return answer_store_failure(exc)
         outcome = claim.outcome
         if outcome is Outcome.FRESH:
             return None
@@ -432,6 +411,43 @@ async def _run_async(
             _detached.add(outliving)  # A reference until it ends, or it may be collected mid-run.
             outliving.add_done_callback(_detached.discard)
             raise
+
+
+# What a store may raise claiming or reading a key that a problem answers (`answer_store_failure`).
+STORE_FAILURES = (StoreUnavailable, ProgrammingError, UnreadableResponse)
+
+
+def answer_store_failure(exc: Exception) -> HttpResponseBase:
+    """The problem answering one of STORE_FAILURES; a ProgrammingError other than a missing
+    table (which PostgreSQL reports so, SQLite as unreachable) is raised again."""
+    if isinstance(exc, UnreadableResponse):
+        logger.error("A stored response could not be replayed: %s", exc)
+        return problems.not_decryptable(exc.status)
+    answer = problems.unusable_store(exc if isinstance(exc, StoreUnavailable) else None)
+    if answer is None:
+        raise exc
+    return answer
+
+
+def request_owner(request: Any) -> str | HttpResponseBase:
+    """Who the request's key belongs to (IDEMPOTENCY_OWNER_RESOLVER), or the problem that
+    answers a request whose owner cannot be told."""
+    try:
+        # Loading the session or the user may be the request's first query.
+        owner: str = on_a_live_connection(lambda: conf.OWNER_RESOLVER(request))
+    except DatabaseError as exc:
+        logger.error("The request's owner could not be loaded: %s", exc)
+        return problems.store_unavailable()
+    except OwnerUnknown as exc:
+        logger.error("Request owner unknown: %s", exc)
+        return problems.owner_unknown()
+    if len(owner) > MAX_OWNER_LENGTH or "\x00" in owner:
+        return problems.problem_response(
+            problems.INVALID_OWNER,
+            f"The request's owner (from IDEMPOTENCY_OWNER_RESOLVER) must be at most "
+            f"{MAX_OWNER_LENGTH} characters without NUL bytes: fix what identifies you.",
+        )
+    return owner
 
 
 async def _wait(guard: Guard, early: HttpResponseBase | None) -> tuple[Guard, Any]:

@@ -94,6 +94,8 @@ def duration(ttl: timedelta) -> str:
 
 def can_answer(kind: problems.ProblemKind, resolved: Resolved) -> bool:
     """Whether the guard can answer this operation's requests with this kind of problem."""
+    if kind is problems.KEY_NOT_FOUND:  # The key-status view's alone.
+        return False
     if kind is problems.MISSING_KEY:
         return resolved.required
     if kind is problems.DELIVERY_REJECTED:

@@ -45,6 +45,8 @@ VIEW_MISCONFIGURED = ProblemKind("view-misconfigured", 500, "Idempotent view mis
 OWNER_UNKNOWN = ProblemKind("owner-unknown", 500, "Request owner unknown")
 DELIVERY_REJECTED = ProblemKind("delivery-rejected", 400, "Webhook delivery not verified")
 RESPONSE_NOT_STORED = ProblemKind("response-not-stored", 410, "Response not stored")
+# The key-status view (django_idempotency.views): nothing stored for the key and its owner.
+KEY_NOT_FOUND = ProblemKind("key-not-found", 404, "No outcome stored for this key")
 RESPONSE_NOT_DECRYPTABLE = ProblemKind(
     "response-not-decryptable", 410, "Stored response cannot be decrypted"
 )
@@ -64,6 +66,7 @@ ALL_KINDS = (
     DELIVERY_REJECTED,
     RESPONSE_NOT_STORED,
     RESPONSE_NOT_DECRYPTABLE,
+    KEY_NOT_FOUND,
 )
 
 

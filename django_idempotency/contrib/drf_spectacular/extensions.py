@@ -13,9 +13,10 @@ from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.views import APIView
 
+from django_idempotency.conf import conf
 from django_idempotency.contrib.rest_framework import IdempotencyMixin
 from django_idempotency.contrib.rest_framework.project import guarding_all_views, with_mixin
-from django_idempotency.http import openapi
+from django_idempotency.http import openapi, problems
 from django_idempotency.http.options import Options, Resolved, is_exempt, resolve
 from django_idempotency.http.requests import SAFE_METHODS
 
@@ -185,3 +186,51 @@ def _problem_schema(registry: ComponentRegistry) -> dict[str, str]:
     )
     registry.register_on_missing(component)
     return component.ref
+
+
+class KeyStatusViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
+    """Documents the key-status view (`KeyStatusAPIView`): its key header and its answers."""
+
+    target_class = "django_idempotency.contrib.rest_framework.views.KeyStatusAPIView"
+    match_subclasses = True
+
+    def view_replacement(self) -> type[APIView]:
+        from drf_spectacular.utils import OpenApiResponse, extend_schema
+
+        view: type[APIView] = self.target
+
+        def problem(description: str) -> OpenApiResponse:
+            return OpenApiResponse(response=openapi.PROBLEM_SCHEMA, description=description)
+
+        documented = extend_schema(
+            summary="What became of the caller's request with this key",
+            parameters=[
+                OpenApiParameter(
+                    name=conf.HEADER,
+                    type=openapi.key_schema(),
+                    location=OpenApiParameter.HEADER,
+                    required=True,
+                    description="The key of the earlier request to look up.",
+                )
+            ],
+            responses={
+                (200, "*/*"): OpenApiResponse(
+                    description="The stored response of the caller's completed request with"
+                    " this key, its own status, headers and body, exactly as a retry gets it"
+                    " (with Idempotent-Replayed: true)."
+                ),
+                (400, problems.PROBLEM_CONTENT_TYPE): problem("The key is missing or malformed."),
+                (404, problems.PROBLEM_CONTENT_TYPE): problem(
+                    "key-not-found: nothing is stored for this key and the caller (or its"
+                    " request stopped before completing): send the request again, same key."
+                ),
+                (409, problems.PROBLEM_CONTENT_TYPE): problem(
+                    "request-in-progress: the request is still running; ask again later."
+                ),
+                (410, problems.PROBLEM_CONTENT_TYPE): problem(
+                    "The request completed, but its response was not kept whole."
+                ),
+                (503, problems.PROBLEM_CONTENT_TYPE): problem("The store cannot be reached."),
+            },
+        )(view.get)  # type: ignore[attr-defined]
+        return cast(type[APIView], type(view.__name__, (view,), {"get": documented}))
