@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -94,6 +95,9 @@ def lookup(key: str, *, namespace: str, owner: str = "") -> KeyStatus:
 def read_key(scope: Scope) -> tuple[KeyStatus, StoredResponse | None]:
     """`lookup` of a scope, and the completed key's response as it is kept (opened, but with
     the marks of a response not kept whole, which `http.responses.replay` answers)."""
+    if any("\x00" in part for part in (scope.namespace, scope.owner, scope.key)):
+        # No entry point stores a NUL in a key or an owner, and PostgreSQL cannot even be asked.
+        return KeyStatus(KeyState.ABSENT, scope), None
     store = get_store()
     record = store.read(scope)
     if record is None:
@@ -140,6 +144,8 @@ def wait_for(
     if timeout is None:
         timeout = conf.WAIT_TIMEOUT
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    if math.isnan(seconds):
+        raise ValueError("wait_for(timeout=nan): give a number of seconds or a timedelta.")
     deadline = time.monotonic() + seconds
     delay = FIRST_DELAY
     while True:

@@ -20,15 +20,15 @@ from django_idempotency.http.responses import replay
 from django_idempotency.lookups import KeyState, read_key
 
 
-def key_status(request: Any, namespace: str | None = None) -> HttpResponseBase:
-    """`_key_status`'s answer, never kept by a shared cache: it is one caller's, chosen by a
-    header a cache keys nothing on."""
-    answer = _key_status(request, namespace)
+def uncached(answer: HttpResponseBase) -> HttpResponseBase:
+    """Mark an answer of a key-status view never to be kept by a shared cache: it is one
+    caller's, chosen by a header a cache keys nothing on. Every answer of the views, their
+    405s and 401s too."""
     patch_cache_control(answer, private=True, no_store=True)
     return answer
 
 
-def _key_status(request: Any, namespace: str | None) -> HttpResponseBase:
+def key_status(request: Any, namespace: str | None = None) -> HttpResponseBase:
     """The answer to ``GET`` with an idempotency key (the guard's header): the stored response
     of the owner's completed request with that key, replayed as a retry would get it; 409 while
     it runs; 404 (`key-not-found`) when nothing is stored for the key and its owner. The owner
@@ -82,6 +82,9 @@ class KeyStatusView(View):
 
     namespace: str | None = None
     http_method_names = ["get", "head", "options"]
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        return uncached(super().dispatch(request, *args, **kwargs))
 
     def get(self, request: HttpRequest) -> HttpResponseBase:
         return key_status(request, self.namespace)

@@ -116,3 +116,27 @@ def test_a_response_not_kept_whole_answers_as_its_retry_does(status_view: str) -
 
     assert (answer.status_code, answer.content) == (retried.status_code, retried.content)
     assert problem_type(answer) == "response-not-stored"
+
+
+def test_every_answer_of_the_view_is_never_kept_by_a_shared_cache(status_view: str) -> None:
+    client, _ = signed_in("ada")
+
+    answers = [
+        client.post(status_view, HTTP_IDEMPOTENCY_KEY="k-3"),  # 405
+        client.options(status_view),
+        client.get(status_view, HTTP_IDEMPOTENCY_KEY="k-3", HTTP_ACCEPT="text/plain"),
+        Client().get(status_view, HTTP_IDEMPOTENCY_KEY="k-3", HTTP_COOKIE="sessionid=forged"),
+    ]
+
+    for answer in answers:
+        assert "no-store" in answer["Cache-Control"], (answer.status_code, answer.headers)
+
+
+def test_a_client_accepting_only_problem_json_is_answered_not_refused(status_view: str) -> None:
+    client, _ = signed_in("ada")
+
+    answer = client.get(
+        status_view, HTTP_IDEMPOTENCY_KEY="k-4", HTTP_ACCEPT="application/problem+json"
+    )
+
+    assert (answer.status_code, problem_type(answer)) == (404, "key-not-found")

@@ -96,6 +96,24 @@ def test_a_key_given_back_after_a_failure_is_absent_and_the_next_call_runs() -> 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("store")
+def test_a_key_or_owner_no_record_can_hold_is_absent_on_every_database() -> None:
+    # A NUL: refused by every entry point, and by PostgreSQL's text columns (a DataError).
+    for key, owner, namespace in [
+        ("a\x00b", "", NAMESPACE),
+        ("k", "o\x00", NAMESPACE),
+        ("k", "", "n\x00"),
+    ]:
+        assert lookup(key, namespace=namespace, owner=owner).state is KeyState.ABSENT
+
+
+@pytest.mark.django_db
+def test_wait_for_refuses_a_timeout_that_is_not_a_number() -> None:
+    with pytest.raises(ValueError, match="timeout=nan"):
+        wait_for("order-6", namespace=NAMESPACE, timeout=float("nan"))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("store")
 def test_an_encrypted_result_is_read_opened_and_unreadable_once_its_key_is_retired() -> None:
     with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[NEW_KEY]):
         charge("order-5", "acme", 100)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http.response import HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from django_idempotency.views import key_status
+from django_idempotency.views import key_status, uncached
 
 
 class KeyStatusAPIView(APIView):
@@ -20,3 +22,13 @@ class KeyStatusAPIView(APIView):
 
     def get(self, request: Request) -> HttpResponseBase:
         return key_status(request, self.namespace)
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # The answers are the stored response's own media type or problem+json, never one of
+        # the renderers': an Accept none of them offers must not be refused with a 406.
+        return super().perform_content_negotiation(request, force=True)
+
+    def finalize_response(
+        self, request: Request, response: Any, *args: Any, **kwargs: Any
+    ) -> Any:  # DRF's stubs say Response; it is any HttpResponseBase here (a replay, a problem).
+        return uncached(super().finalize_response(request, response, *args, **kwargs))
