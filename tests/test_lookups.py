@@ -199,9 +199,11 @@ def test_wait_for_waits_for_another_process_to_complete_and_times_out_while_it_r
         finish = threading.Timer(HOLD_LEASE * 1.5, (tmp_path / "held.done").touch)
         finish.start()
         done = wait_for("held-1", namespace=HOLD, timeout=60)
-    finally:
-        holder.kill()
+        # The record completes before the holder prints and exits: read what it said then.
         said, _ = holder.communicate(timeout=60)
+    finally:
+        holder.kill()  # Only if a failure above left it running.
+        holder.wait()
 
     assert said.strip() == "held"
     assert done.state is KeyState.COMPLETED
