@@ -36,6 +36,11 @@ class IdempotencyConfig(AppConfig):
 
         startup.install()
 
+        # A test's server or worker started with IDEMPOTENCY_CRASH_AT crashes where it says.
+        from django_idempotency import crashes
+
+        crashes.arm_from_environment()
+
         if importlib.util.find_spec("rest_framework") is not None:
             # IDEMPOTENCY_GUARD_ALL_VIEWS: read on each request, so installed whatever its value.
             from django_idempotency.contrib.rest_framework import project

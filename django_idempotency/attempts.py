@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import time
@@ -134,6 +135,9 @@ class Attempt:
         # carried one downstream, so a failing attempt keeps its record, as once steps are
         # stored, for the same request's retry to send the same keys.
         self.identity_shared = False
+        # Outbox messages this attempt wrote, by step and destination: the n-th of each gets the
+        # same derived key on every run of the operation, so a resumed run's is the same message.
+        self.outbox_written: collections.Counter[tuple[str, str]] = collections.Counter()
         # The request's forms sent with its key, judged (`forms.IdempotentFormMixin`): invalid
         # ones only, and its answer (a form shown again, with the same key) is not stored.
         self.invalid_forms = 0

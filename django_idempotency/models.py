@@ -266,3 +266,125 @@ class OutboundCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.method} {self.target}"
+
+
+class OutboxMessage(models.Model):
+    """A Celery task call or an HTTP request, written in the transaction of the writes it
+    follows from and delivered by the relay after that transaction commits.
+
+    Its key goes with every delivery (the task's id, the request's Idempotency-Key): a relay
+    killed after sending and before marking it sent sends it again with the same key, which the
+    receiver (an `idempotent_task`, a guarded view, a provider) runs once.
+    """
+
+    class Kind(models.TextChoices):
+        TASK = "task", _("Celery task")
+        REQUEST = "request", _("HTTP request")
+
+    class State(models.TextChoices):
+        PENDING = "pending", _("pending")
+        SENT = "sent", _("sent")
+        DEAD = "dead", _("dead")
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(
+        _("key"),
+        max_length=MAX_KEY_LENGTH,
+        help_text=_(
+            "Sent with every delivery: the Celery task's id, or the request's Idempotency-Key."
+        ),
+    )
+    kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices)
+    destination = models.TextField(
+        _("destination"), help_text=_("The task's name, or the URL the request is sent to.")
+    )
+    method = models.CharField(
+        _("method"), max_length=16, blank=True, help_text=_("HTTP method; empty for a task.")
+    )
+    payload = models.JSONField(
+        _("payload"),
+        default=dict,
+        blank=True,
+        help_text=_(
+            "A task's args, kwargs and sending options; a request's headers ([name, value])."
+        ),
+    )
+    body = models.BinaryField(
+        _("body"), null=True, blank=True, help_text=_("A request's body, byte for byte.")
+    )
+    aggregate = models.CharField(
+        _("aggregate"),
+        max_length=MAX_KEY_LENGTH,
+        blank=True,
+        help_text=_(
+            "Messages of one aggregate are delivered one at a time, in the order they were"
+            " written; empty for no order."
+        ),
+    )
+    state = models.CharField(
+        _("state"),
+        max_length=16,
+        choices=State.choices,
+        default=State.PENDING,
+        help_text=_(
+            "pending: to be delivered; sent: accepted by the broker or answered by the receiver;"
+            " dead: given up after the retry policy's attempts, or refused as wrong."
+        ),
+    )
+    attempts = models.PositiveIntegerField(
+        _("attempts"), default=0, help_text=_("Deliveries tried so far.")
+    )
+    last_error = models.CharField(
+        _("last error"),
+        max_length=255,
+        blank=True,
+        help_text=_("Why the last delivery failed (an answer's status, an exception)."),
+    )
+    available_at = models.DateTimeField(
+        _("available at"), help_text=_("Not delivered before this (the retry policy's backoff).")
+    )
+    claim_token = models.CharField(
+        _("claim token"),
+        max_length=32,
+        blank=True,
+        help_text=_("The relay delivering it now; only that relay marks it sent."),
+    )
+    claimed_until = models.DateTimeField(
+        _("claimed until"),
+        null=True,
+        blank=True,
+        help_text=_("After this, another relay may deliver it (the first one stalled or died)."),
+    )
+    operation_id = models.CharField(
+        _("operation"),
+        max_length=26,
+        blank=True,
+        help_text=_("Identity of the operation that wrote it; empty outside one."),
+    )
+    created_at = models.DateTimeField(_("created at"), help_text=_("When it was written."))
+    sent_at = models.DateTimeField(
+        _("sent at"), null=True, blank=True, help_text=_("When it was delivered.")
+    )
+
+    class Meta:
+        db_table = "django_idempotency_outbox"
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
+        permissions = [("resend_outboxmessage", _("Can send outbox messages again"))]
+        constraints = [
+            models.UniqueConstraint(fields=["key"], name="idempotency_outbox_key_uniq"),
+        ]
+        indexes = [
+            # The relay's scan: pending messages, oldest first.
+            models.Index(
+                fields=["available_at"],
+                name="idempotency_outbox_due_idx",
+                condition=models.Q(state="pending"),
+            ),
+            # "Is an earlier message of this aggregate still undelivered?"
+            models.Index(fields=["aggregate", "id"], name="idempotency_outbox_agg_idx"),
+            models.Index(fields=["sent_at"], name="idempotency_outbox_sent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.destination}"

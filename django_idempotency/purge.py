@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import InterfaceError, OperationalError
+from django.db.models import Model, QuerySet
 
 from django_idempotency import signals
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import PurgeConflict
-from django_idempotency.outbound.journal import purge_journal
+from django_idempotency.models import OutboxMessage
+from django_idempotency.outbound.journal import stale_calls
+from django_idempotency.outbox.messages import outbox_alias
 from django_idempotency.stores import PurgeOptions, PurgeResult, StoreUnavailable, get_store
 from django_idempotency.stores.dialects import lock_not_granted
 
@@ -33,6 +36,8 @@ class PurgeReport:
     # Rows of the outbound calls' journal not updated for IDEMPOTENCY_TTL (only when no
     # namespace is given: journal rows belong to no namespace of records).
     outbound_calls: int = 0
+    # Outbox messages sent more than IDEMPOTENCY_TTL ago (only when no namespace is given).
+    outbox_messages: int = 0
 
 
 def is_batch_size(value: object) -> bool:
@@ -69,7 +74,10 @@ def purge_expired_records(
         now = store.now()  # The store's clock, as every claim's: not this server's.
         result = store.purge(now, options)
         # The journal lives in the database whatever the store: purged with the records.
-        journal = 0 if namespace is not None else _purge_journal(now, batch_size, dry_run)
+        journal = outbox = 0
+        if namespace is None:
+            journal = delete_in_batches(stale_calls(now, conf.TTL), batch_size, dry_run)
+            outbox = delete_in_batches(sent_messages(now), batch_size, dry_run)
     except OperationalError as exc:
         if lock_not_granted(exc):
             raise conflict(exc, done) from exc
@@ -84,6 +92,7 @@ def purge_expired_records(
         seconds=time.perf_counter() - started,
         dry_run=dry_run,
         outbound_calls=journal,
+        outbox_messages=outbox,
     )
     logger.info(
         "%s %s (%d expired, %d abandoned)%s in %.2f s, %s of up to %d",
@@ -96,19 +105,35 @@ def purge_expired_records(
         _count(report.batches, "batch", "batches"),
         batch_size,
     )
-    if journal:
-        logger.info(
-            "%s %s of the outbound journal",
-            "Would purge" if dry_run else "Purged",
-            _count(journal, "row"),
-        )
+    for count, what in ((journal, "row of the outbound journal"), (outbox, "sent outbox message")):
+        if count:
+            logger.info("%s %s", "Would purge" if dry_run else "Purged", _count(count, what))
     # send_robust: a receiver that raises is logged by Django; the purge has happened anyway.
     signals.purged.send_robust(sender=PurgeReport, report=report, namespace=namespace)
     return report
 
 
-def _purge_journal(now: datetime, batch_size: int, dry_run: bool) -> int:
-    return purge_journal(now, conf.TTL, batch_size=batch_size, dry_run=dry_run)
+def sent_messages(now: datetime) -> QuerySet[OutboxMessage]:
+    """Outbox messages sent more than IDEMPOTENCY_TTL ago: a resumed operation writing its
+    message again within its record's TTL still finds it sent."""
+    return OutboxMessage.objects.using(outbox_alias()).filter(
+        state=OutboxMessage.State.SENT, sent_at__lte=now - conf.TTL
+    )
+
+
+def delete_in_batches(rows: QuerySet[Model], batch_size: int, dry_run: bool) -> int:
+    """Delete `rows` in batches, each its own statement; return how many went (or would)."""
+    if dry_run:
+        return rows.count()
+    deleted = 0
+    while True:
+        batch = list(rows.order_by().values_list("pk", flat=True)[:batch_size])
+        if not batch:
+            return deleted
+        count, _ = rows.model._default_manager.using(rows.db).filter(pk__in=batch).delete()
+        deleted += count
+        if len(batch) < batch_size:
+            return deleted
 
 
 def unreachable(exc: Exception, done: PurgeResult) -> StoreUnavailable:

@@ -47,3 +47,8 @@ purged = Signal()
 # class name, or None), `outcome` (the journal's: "sending" while another attempt follows, then
 # "confirmed", "failed" or "ambiguous"), `replayed` and `duration` (seconds the attempt took).
 outbound_attempt = Signal()
+# Each message the outbox's relay handled, with sender=OutboxMessage, `message` (the
+# OutboxMessage as claimed), `outcome` ("sent", "retried", "dead", or "lost": another relay took
+# it over first), `error` (why it was not delivered, or None) and `duration` (seconds the
+# delivery took).
+outbox_delivery = Signal()

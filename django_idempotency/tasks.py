@@ -1,4 +1,5 @@
-"""The Celery task behind the purge beat entry; without Celery installed it defines no task."""
+"""The Celery tasks behind the beat entries (the purge, the outbox's relay); without Celery
+installed it defines no task."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from django_idempotency import purge
 from django_idempotency.exceptions import StoreUnavailable
+from django_idempotency.outbox.relay import BATCH_SIZE, Relay
 
 # A purge that finds the database down is retried after 1, 2, 4, 8, then 15 minutes; after the
 # last retry it fails with the StoreUnavailable message, and the next beat tick starts afresh.
@@ -40,4 +42,20 @@ else:
             report = purge.purge_expired_records(batch_size=batch_size, namespace=namespace)
         except StoreUnavailable as exc:
             raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
+        return asdict(report)
+
+    @shared_task(  # type: ignore[untyped-decorator]
+        name="django_idempotency.tasks.relay_outbox", bind=True, ignore_result=False
+    )
+    def relay_outbox(
+        self: Any, batch_size: int = BATCH_SIZE, max_batches: int = 10
+    ) -> dict[str, Any]:
+        """Relay the outbox's due messages, at most `max_batches` batches (the next tick goes
+        on); task messages are sent through this task's own Celery app. The result is the
+        relay's report."""
+        runner = Relay(batch_size=batch_size, app=self.app)
+        try:
+            report = runner.run(max_batches=max_batches)
+        finally:
+            runner.close()
         return asdict(report)

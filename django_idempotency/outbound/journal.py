@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import Error, IntegrityError, connections, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, QuerySet, Value, When
 from django.utils import timezone
 
 from django_idempotency.core.keys import key_hash
@@ -135,17 +135,6 @@ def _write(write: Callable[[str], None], key: str) -> None:
             connection.close_if_unusable_or_obsolete()  # A lost server: reconnect next time.
 
 
-def purge_journal(now: datetime, ttl: timedelta, *, batch_size: int, dry_run: bool) -> int:
-    """Delete journal rows not updated for `ttl` in batches; return how many went (or would)."""
-    old = OutboundCall.objects.using(journal_alias()).filter(updated_at__lte=now - ttl)
-    if dry_run:
-        return old.count()
-    deleted = 0
-    while True:
-        batch = list(old.order_by().values_list("pk", flat=True)[:batch_size])
-        if not batch:
-            return deleted
-        count, _ = OutboundCall.objects.using(journal_alias()).filter(pk__in=batch).delete()
-        deleted += count
-        if len(batch) < batch_size:
-            return deleted
+def stale_calls(now: datetime, ttl: timedelta) -> QuerySet[OutboundCall]:
+    """The journal's rows not updated for `ttl`, which the purge deletes."""
+    return OutboundCall.objects.using(journal_alias()).filter(updated_at__lte=now - ttl)

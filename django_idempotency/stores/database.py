@@ -579,6 +579,18 @@ _CLOCK_SQL = {
 }
 
 
+_clocks: dict[str, StoreClock] = {}
+
+
+def clock_for(alias: str) -> StoreClock:
+    """The clock of the database behind `alias`, shared by the callers of this process that
+    decide on it outside the store (the outbox's relay)."""
+    clock = _clocks.get(alias)
+    if clock is None:
+        clock = _clocks.setdefault(alias, StoreClock(partial(_read_clock, alias)))
+    return clock
+
+
 def _read_clock(alias: str) -> float:
     """One reading of the clock of the database behind `alias`, in the calling thread's
     connection; `StoreUnavailable` if it cannot be read (the last reading then serves)."""
