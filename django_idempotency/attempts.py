@@ -18,7 +18,7 @@ from asgiref.sync import sync_to_async
 from django.dispatch import Signal
 from django.utils import timezone
 
-from django_idempotency import signals
+from django_idempotency import crashes, signals
 from django_idempotency.conf import OnConflict, conf
 from django_idempotency.core.keys import key_hash
 from django_idempotency.core.outcomes import (
@@ -212,6 +212,7 @@ class Attempt:
             self._outer = _current.get()
             _current.set(self)
             self._keep_alive(request.lease)
+            crashes.reached("claimed")
         if not (self.poll and claim.outcome is Outcome.IN_PROGRESS):
             duration = time.perf_counter() - started
             self._announce(_SIGNALS[claim.outcome], duration)
@@ -277,6 +278,7 @@ class Attempt:
         Raises `StoreUnavailable`: at once in atomic mode (the caller's writes are then lost with
         it); in lease mode only once the lease has ended without the store coming back.
         """
+        crashes.reached("completing")
         lost = self.lost
         claim = self._end()
         if claim is None:
@@ -331,6 +333,7 @@ class Attempt:
                 plain, smaller = self._storable(plain, None, exc), None
                 result = seal(plain, conf.ENCRYPTION_KEYS)
         if kept:
+            crashes.reached("completed")
             self._announce(signals.completed)
         elif self.atomic:
             logger.warning(

@@ -5,8 +5,9 @@ one check of an empty dict. A test arms a point in its own process (`testing.cra
 server or worker it starts, through the environment variable ``IDEMPOTENCY_CRASH_AT``, read when
 the app is ready: ``"outbox.sent"``, ``"step.ran:charge@2=raise"`` (the second time, raising),
 several separated by commas. The action is ``kill`` (SIGKILL, the default: nothing runs after
-it, as when a machine is lost) or ``raise`` (`CrashPoint`, an exception the code around the
-point does not expect).
+it, as when a machine is lost: the claim holds until its lease ends) or ``raise`` (`CrashPoint`,
+an exception the code around the point does not expect: the package cleans up as it does after
+the work raised).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ POINTS = {
 }
 
 
-class CrashPoint(Exception):
-    """Raised at an armed point whose action is ``raise``."""
+class CrashPoint(BaseException):
+    """Raised at an armed point whose action is ``raise``: a BaseException, as SystemExit, so
+    that no ``except Exception`` around the point handles it as an error it expects."""
 
 
 @dataclass
@@ -81,12 +83,16 @@ ACTIONS: dict[str, Callable[[], None]] = {"kill": kill, "raise": raise_crash}
 
 def arm(point: str, action: Callable[[], None] = kill, *, on: int = 1) -> None:
     """Crash at `point` ("step.ran:charge" for one step) on arrival number `on`."""
+    _armed[point] = Crash(action, _checked(point, on))
+
+
+def _checked(point: str, on: int) -> int:
     name = point.split(":", 1)[0]
     if name not in POINTS:
         raise ValueError(f"No crash point is named {name!r}; the points are {', '.join(POINTS)}.")
     if type(on) is not int or on < 1:
         raise ValueError(f"on must be an int of 1 or more, not {on!r}.")
-    _armed[point] = Crash(action, on)
+    return on
 
 
 def disarm(point: str | None = None) -> None:
@@ -97,14 +103,15 @@ def disarm(point: str | None = None) -> None:
         _armed.pop(point, None)
 
 
-def arm_from_environment(value: str | None = None) -> None:
-    """Arm the points named by ``IDEMPOTENCY_CRASH_AT`` (or `value`): ``POINT[@N][=ACTION]``,
-    separated by commas."""
-    spec = os.environ.get(ENVIRONMENT_VARIABLE, "") if value is None else value
+def parse(spec: str) -> list[tuple[str, str, int]]:
+    """(point, action, arrival) of each ``POINT[@N][=ACTION]`` in `spec`, separated by commas;
+    `ValueError` for one that names no point or action."""
+    parsed = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
         point, _, action = item.partition("=")
         point, _, on = point.partition("@")
-        if action and action not in ACTIONS:
+        action = action.strip() or "kill"
+        if action not in ACTIONS:
             raise ValueError(
                 f"{ENVIRONMENT_VARIABLE}: {action!r} is not an action; use kill or raise."
             )
@@ -112,4 +119,12 @@ def arm_from_environment(value: str | None = None) -> None:
             arrival = int(on) if on else 1
         except ValueError:
             raise ValueError(f"{ENVIRONMENT_VARIABLE}: {on!r} is not an arrival number.") from None
-        arm(point.strip(), ACTIONS[action or "kill"], on=arrival)
+        parsed.append((point.strip(), action, _checked(point.strip(), arrival)))
+    return parsed
+
+
+def arm_from_environment(value: str | None = None) -> None:
+    """Arm the points named by ``IDEMPOTENCY_CRASH_AT`` (or `value`), as `parse` reads them."""
+    spec = os.environ.get(ENVIRONMENT_VARIABLE, "") if value is None else value
+    for point, action, on in parse(spec):
+        arm(point, ACTIONS[action], on=on)

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
 
+from django_idempotency import crashes
 from django_idempotency.attempts import Attempt, current_attempt
 from django_idempotency.results import serializer_for
 
@@ -49,7 +50,9 @@ def step(name: str, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     attempt.ensure_lease()
     with _in_step(name):
         result = func(*args, **kwargs)
+    crashes.reached("step.ran", name)
     attempt.save_step(name, serializer.dumps(result))
+    crashes.reached("step.saved", name)
     return result
 
 
@@ -66,7 +69,9 @@ async def astep(name: str, func: Callable[..., Awaitable[T]], /, *args: Any, **k
     await attempt.aensure_lease()
     with _in_step(name):
         result = await func(*args, **kwargs)
+    crashes.reached("step.ran", name)
     await sync_to_async(attempt.save_step)(name, serializer.dumps(result))
+    crashes.reached("step.saved", name)
     return result
 
 

@@ -1,4 +1,5 @@
-"""Test helpers for projects: assert in one line that an endpoint is idempotent."""
+"""Test helpers for projects: assert in one line that an endpoint is idempotent, and crash it at
+named points to prove it runs once."""
 
 from __future__ import annotations
 
@@ -19,12 +20,25 @@ from django_idempotency.core.fingerprint import is_json_media_type
 from django_idempotency.core.keys import new_key
 from django_idempotency.http.requests import SAFE_METHODS
 from django_idempotency.http.responses import REPLAYED_HEADER
+from django_idempotency.testing.crash_points import (
+    POINTS,
+    CrashPoint,
+    crash_at,
+    crash_environment,
+)
 
 if TYPE_CHECKING:
     from django.test import Client
     from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
 
-__all__ = ["IdempotencyAssertionsMixin", "assert_idempotent"]
+__all__ = [
+    "POINTS",
+    "CrashPoint",
+    "IdempotencyAssertionsMixin",
+    "assert_idempotent",
+    "crash_at",
+    "crash_environment",
+]
 
 
 def assert_idempotent(
