@@ -29,6 +29,15 @@ class LeaseLost(IdempotencyError):
     next side effect, whose result the new owner of the key would not know of."""
 
 
+class StepAmbiguous(IdempotencyError):
+    """A step run at most once was started by an earlier attempt that never finished it: it is
+    not run again until an operator says whether it happened (`steps.resolve_step`)."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 class KeyMismatch(IdempotencyError):
     """The key was already used with a different payload: use a new key for new work."""
 

@@ -22,7 +22,12 @@ from django_idempotency.core.keys import MAX_OWNER_LENGTH, InvalidKey, parse_key
 from django_idempotency.core.outcomes import Outcome, Scope
 from django_idempotency.core.policy import should_store
 from django_idempotency.encryption import UnreadableResponse, UnreadableStep
-from django_idempotency.exceptions import DeliveryRejected, LeaseLost, StoreNotSupported
+from django_idempotency.exceptions import (
+    DeliveryRejected,
+    LeaseLost,
+    StepAmbiguous,
+    StoreNotSupported,
+)
 from django_idempotency.http import forms, problems
 from django_idempotency.http.credentials import answers_credentials
 from django_idempotency.http.options import Options, Resolved, resolve
@@ -294,6 +299,12 @@ def _unreadable_step(exc: UnreadableStep) -> HttpResponseBase:
     return problems.step_not_decryptable()
 
 
+def _ambiguous(exc: StepAmbiguous) -> HttpResponseBase:
+    """An at-most-once step was interrupted: not run again, the record kept for an operator."""
+    logger.error("A guarded view did not resume: %s", exc)
+    return problems.step_ambiguous(exc.step)
+
+
 def _store_lost(guard: Guard) -> bool:
     """The view raised and its key could not even be released: the store's database is gone,
     most likely why the view failed (in lease mode its queries run outside the guard's
@@ -354,6 +365,8 @@ def _run(
         return _taken_over(exc)
     except UnreadableStep as exc:
         return _unreadable_step(exc)
+    except StepAmbiguous as exc:
+        return _ambiguous(exc)
     except StoreUnavailable:
         # Atomic mode: the commit (or the view's own queries) lost the database; nothing was kept.
         return problems.store_unavailable()
@@ -497,6 +510,8 @@ async def _run_guarded(
             return _taken_over(exc)
         if isinstance(exc, UnreadableStep):
             return _unreadable_step(exc)
+        if isinstance(exc, StepAmbiguous):
+            return _ambiguous(exc)
         if not isinstance(exc, Exception) or not _store_lost(guard):
             raise
         return problems.store_unavailable()

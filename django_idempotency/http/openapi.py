@@ -94,7 +94,8 @@ def duration(ttl: timedelta) -> str:
 
 def can_answer(kind: problems.ProblemKind, resolved: Resolved) -> bool:
     """Whether the guard can answer this operation's requests with this kind of problem."""
-    if kind is problems.KEY_NOT_FOUND:  # The key-status view's alone.
+    if kind in (problems.KEY_NOT_FOUND, problems.STEP_AMBIGUOUS):
+        # The key-status view's alone; a view's own at-most-once steps, which no schema knows.
         return False
     if kind is problems.MISSING_KEY:
         return resolved.required

@@ -50,6 +50,10 @@ KEY_NOT_FOUND = ProblemKind("key-not-found", 404, "No outcome stored for this ke
 RESPONSE_NOT_DECRYPTABLE = ProblemKind(
     "response-not-decryptable", 410, "Stored response cannot be decrypted"
 )
+# A step run at most once that an earlier attempt started and never finished: no retry can go
+# on until an operator says whether it happened, so a 500 without Retry-After, as a deployment
+# error is.
+STEP_AMBIGUOUS = ProblemKind("step-ambiguous", 500, "Step outcome unknown")
 
 ALL_KINDS = (
     MISSING_KEY,
@@ -67,6 +71,7 @@ ALL_KINDS = (
     RESPONSE_NOT_STORED,
     RESPONSE_NOT_DECRYPTABLE,
     KEY_NOT_FOUND,
+    STEP_AMBIGUOUS,
 )
 
 
@@ -223,6 +228,16 @@ def step_not_decryptable() -> ProblemResponse:
         "The first request with this key completed some of its steps, but their stored results "
         "were encrypted with a key this server does not have, so it cannot resume them. They "
         "were not run again; the request can resume once every server has that key.",
+    )
+
+
+def step_ambiguous(step: str) -> ProblemResponse:
+    """The answer to a retry that resumes an operation whose at-most-once step was interrupted."""
+    return problem_response(
+        STEP_AMBIGUOUS,
+        f"The first request with this key started its step {step!r}, which must not run twice, "
+        "and was interrupted before it finished: whether it happened is unknown. It was not run "
+        "again; the request can go on once an operator has said whether it happened.",
     )
 
 
