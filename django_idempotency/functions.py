@@ -26,6 +26,7 @@ from django_idempotency.core.keys import (
 from django_idempotency.core.outcomes import Claim, Outcome, Scope, StoredResponse, is_not_stored
 from django_idempotency.exceptions import KeyInProgress, KeyMismatch, ResultNotStored
 from django_idempotency.options import Mode, OnConflict, check_options, to_timedelta
+from django_idempotency.recoverable import FUNCTION, Recoverable, check_store, encoded, recoverable
 from django_idempotency.results import ResultSerializer, serializer_for
 
 Func = TypeVar("Func", bound=Callable[..., Any])
@@ -56,6 +57,8 @@ class RunOptions:
     on_conflict: OnConflict | None = None
     serializer: ResultSerializer | None = None
     lease: timedelta | float | None = None
+    # The recovery of a recover=True function or task: its calls are kept while they run.
+    recover: Recoverable | None = None
 
     def __post_init__(self) -> None:
         check_options(ttl=self.ttl, lease=self.lease, mode=self.mode, on_conflict=self.on_conflict)
@@ -78,15 +81,25 @@ def namespace_of(namespace: str | None, label: str, decorator: str) -> str:
 
 
 def run_once(
-    call: Call, work: Callable[[], Any], options: RunOptions, serializer: ResultSerializer
+    call: Call,
+    work: Callable[[], Any],
+    options: RunOptions,
+    serializer: ResultSerializer,
+    arguments: bytes | None = None,
 ) -> Any:
     """Run ``work`` if this call claims its key; return the stored result if one exists.
 
     Raises `KeyInProgress`, `KeyMismatch` or `StoreUnavailable`. An exception from ``work``
     releases the key (atomic mode rolls back the work's own writes with it) and propagates.
+    With `options.recover`, the call's `arguments` (`recovery.encoded`) are kept while it runs.
     """
-    mode = options.mode or conf.MODE
+    recovery = options.recover
+    mode = "lease" if recovery is not None else options.mode or conf.MODE
     on_conflict = options.on_conflict or conf.ON_CONFLICT
+    if recovery is not None:
+        assert arguments is not None
+        check_store()
+        recovery.remember(call.scope, arguments, claimed=False)
     with Attempt(atomic=mode == "atomic", on_conflict=on_conflict) as attempt:
         claim = attempt.claim_key(
             call.scope,
@@ -98,8 +111,11 @@ def run_once(
         )
         if claim.outcome is not Outcome.FRESH:
             return _answer(call, claim, serializer)
+        if recovery is not None:
+            recovery.remember(call.scope, cast(bytes, arguments), claimed=True)
         result = work()
-        attempt.complete(_stored(result, serializer))
+        if attempt.complete(_stored(result, serializer)) and recovery is not None:
+            recovery.forget(call.scope)
         return result
 
 
@@ -193,6 +209,7 @@ def idempotent_function(
     on_conflict: OnConflict | None = None,
     serializer: ResultSerializer | None = None,
     lease: timedelta | float | None = None,
+    recover: bool = False,
 ) -> Callable[[Func], Func]:
     """Run the decorated callable once per key; every repeat returns the stored result.
 
@@ -209,16 +226,33 @@ def idempotent_function(
     A leased claim (``mode="lease"``, or an async callable) lasts ``lease`` (default
     IDEMPOTENCY_LEASE) and is renewed while the call runs; inside it, `steps.step` marks
     recovery points that a retry after a crash skips.
+
+    ``recover=True`` (lease mode, the database store, synchronous callables at a module's top
+    level): each call's arguments are kept, as JSON, while it runs, and
+    `recovery.recover_operations` calls it again if its lease ends without it completing.
     """
-    options = RunOptions(
-        ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer, lease=lease
-    )
 
     def decorate(func: Func) -> Func:
         label = f"{func.__module__}.{func.__qualname__}"
         keys_namespace = namespace_of(namespace, label, "@idempotent_function")
         arguments = CallArguments(func, key=key, owner=owner, payload=payload)
         result_format = lazy_serializer(func, serializer)
+        recovery = None
+        if recover:
+            if inspect.iscoroutinefunction(func):
+                raise ImproperlyConfigured(
+                    f"recover=True is for synchronous callables; {func.__qualname__} is async."
+                )
+            target = f"{func.__module__}:{func.__qualname__}"
+            recovery = recoverable(FUNCTION, target, mode=mode, qualname=func.__qualname__)
+        options = RunOptions(
+            ttl=ttl,
+            mode=mode,
+            on_conflict=on_conflict,
+            serializer=serializer,
+            lease=lease,
+            recover=recovery,
+        )
 
         if inspect.iscoroutinefunction(func):
 
@@ -238,7 +272,8 @@ def idempotent_function(
             if not conf.ENABLED:
                 return func(*args, **kwargs)
             call = arguments.call(keys_namespace, label, "CALL", args, kwargs)
-            return run_once(call, lambda: func(*args, **kwargs), options, result_format())
+            kept = encoded(args, kwargs) if recovery is not None else None
+            return run_once(call, lambda: func(*args, **kwargs), options, result_format(), kept)
 
         return cast(Func, wrapper)
 

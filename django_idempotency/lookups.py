@@ -9,12 +9,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 from django_idempotency.attempts import FIRST_DELAY, next_delay
 from django_idempotency.conf import conf
 from django_idempotency.core.outcomes import Scope, Status, StoredResponse, is_not_stored
 from django_idempotency.encryption import unseal
 from django_idempotency.exceptions import KeyInProgress, ResultNotStored
 from django_idempotency.http.responses import BODY_NOT_STORED
+from django_idempotency.recoverable import check_store
+from django_idempotency.recovery import is_failed
 from django_idempotency.results import JSONSerializer, ResultSerializer
 from django_idempotency.stores import get_store
 
@@ -32,6 +36,9 @@ class KeyState(enum.StrEnum):
     ABANDONED = "abandoned"
     # The work finished: its response (or the result of a function) is stored.
     COMPLETED = "completed"
+    # Abandoned, and a `recover=True` function's or task's call the recovery sweep gave up on
+    # after its attempts (the admin lists it): a call with the same arguments still resumes it.
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,7 @@ def read_key(scope: Scope) -> tuple[KeyStatus, StoredResponse | None]:
     if record.abandoned(now):
         if record.status != Status.IN_PROGRESS:
             return KeyStatus(KeyState.ABSENT, scope), None  # Expired: the key is free.
-        state = KeyState.ABANDONED
+        state = KeyState.FAILED if _given_up(scope, record.method) else KeyState.ABANDONED
     else:
         state = KeyState(record.status)
     response = None
@@ -127,6 +134,18 @@ def read_key(scope: Scope) -> tuple[KeyStatus, StoredResponse | None]:
         operation_id=record.operation_id,
     )
     return found, response
+
+
+def _given_up(scope: Scope, method: str) -> bool:
+    """Whether the sweep gave this abandoned function's or task's call up (views are never
+    recovered, and calls are kept on the database store only)."""
+    if method not in ("CALL", "TASK"):
+        return False
+    try:
+        check_store()
+    except ImproperlyConfigured:
+        return False
+    return is_failed(scope)
 
 
 def _whole(response: StoredResponse) -> bool:

@@ -388,3 +388,60 @@ class OutboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.destination}"
+
+
+class RecoverableOperation(models.Model):
+    """A `recover=True` function's or task's call, kept while it runs: the recovery sweep calls
+    it again with these arguments if its lease ends without it completing (its worker died),
+    and gives up (`failed`) after the sweep's attempts."""
+
+    class Kind(models.TextChoices):
+        FUNCTION = "function", _("function")
+        TASK = "task", _("Celery task")
+
+    class State(models.TextChoices):
+        RUNNING = "running", _("running")
+        FAILED = "failed", _("failed")
+
+    id = models.BigAutoField(primary_key=True)
+    namespace = models.CharField(_("namespace"), max_length=MAX_NAMESPACE_LENGTH)
+    owner = models.CharField(_("owner"), max_length=MAX_OWNER_LENGTH, blank=True)
+    key = models.CharField(_("key"), max_length=MAX_KEY_LENGTH)
+    kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices)
+    target = models.CharField(
+        _("target"),
+        max_length=255,
+        help_text=_("The function's dotted path, or the task's name, that the sweep calls."),
+    )
+    arguments = models.BinaryField(
+        _("arguments"),
+        help_text=_("The call's arguments as JSON, encrypted when encryption keys are set."),
+    )
+    state = models.CharField(
+        _("state"), max_length=16, choices=State.choices, default=State.RUNNING
+    )
+    attempts = models.PositiveIntegerField(
+        _("recoveries"), default=0, help_text=_("Times the sweep has called it again.")
+    )
+    last_error = models.CharField(_("last error"), max_length=255, blank=True)
+    next_attempt_at = models.DateTimeField(
+        _("next attempt at"), help_text=_("The sweep looks at it again from this moment on.")
+    )
+    created_at = models.DateTimeField(_("created at"))
+    updated_at = models.DateTimeField(_("updated at"))
+
+    class Meta:
+        db_table = "django_idempotency_recoverable"
+        verbose_name = _("recoverable operation")
+        verbose_name_plural = _("recoverable operations")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["namespace", "owner", "key"], name="idempotency_recoverable_scope_uniq"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "next_attempt_at"], name="idempotency_recover_due_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.target} {self.key}"

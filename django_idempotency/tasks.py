@@ -1,14 +1,15 @@
-"""The Celery tasks behind the beat entries (the purge, the outbox's relay); without Celery
-installed it defines no task."""
+"""The Celery tasks behind the beat entries (the purge, the outbox's relay, the recovery sweep);
+without Celery installed it defines no task."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
-from django_idempotency import purge
+from django_idempotency import purge, recovery
 from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.outbox.relay import BATCH_SIZE, Relay
+from django_idempotency.recovery import BATCH_SIZE as RECOVERY_BATCH_SIZE
 
 # A purge that finds the database down is retried after 1, 2, 4, 8, then 15 minutes; after the
 # last retry it fails with the StoreUnavailable message, and the next beat tick starts afresh.
@@ -59,3 +60,11 @@ else:
         finally:
             runner.close()
         return asdict(report)
+
+    @shared_task(  # type: ignore[untyped-decorator]
+        name="django_idempotency.tasks.recover_operations", bind=True, ignore_result=False
+    )
+    def recover_operations(self: Any, batch_size: int = RECOVERY_BATCH_SIZE) -> dict[str, Any]:
+        """Call again the recover=True calls whose worker was lost (`recovery`); tasks run in
+        this worker, through this task's own app. The result is the sweep's report."""
+        return asdict(recovery.recover_operations(batch_size=batch_size, app=self.app))

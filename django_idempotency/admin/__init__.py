@@ -2,7 +2,7 @@
 
 The list (`changelist`), the detail page's body display (`bodies`) and the actions (`actions`)
 each have their room; `records` puts them together in the registered ModelAdmin. `outbound`
-shows the journal of outbound calls.
+shows the journal of outbound calls, `outbox` the outbox's messages (and sends them again).
 """
 
 from django.contrib import admin
@@ -21,6 +21,7 @@ from django_idempotency.admin.changelist import (
     records_elsewhere,
 )
 from django_idempotency.admin.outbound import OutboundCallAdmin
+from django_idempotency.admin.outbox import OutboxMessageAdmin
 from django_idempotency.admin.records import IdempotencyRecordAdmin
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "IdempotencyRecordAdmin",
     "NamespaceFilter",
     "OutboundCallAdmin",
+    "OutboxMessageAdmin",
     "RecordActions",
     "admin",
     "calendar_hierarchy",

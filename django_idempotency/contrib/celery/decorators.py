@@ -19,6 +19,7 @@ from django_idempotency.functions import (
     namespace_of,
     run_once,
 )
+from django_idempotency.recoverable import TASK, encoded, recoverable
 from django_idempotency.results import ResultSerializer
 
 
@@ -33,6 +34,7 @@ def idempotent_task(
     on_conflict: OnConflict = "wait",
     serializer: ResultSerializer | None = None,
     lease: timedelta | float | None = None,
+    recover: bool = False,
     app: Any = None,
     **task_options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
@@ -44,16 +46,24 @@ def idempotent_task(
     same message is not a duplicate of itself: a failed attempt releases the key. A duplicate
     that finds the first attempt still running waits (``on_conflict``) and then retries the
     task after its lease (``lease``, default ``IDEMPOTENCY_LEASE``; in lease mode renewed while
-    the body runs). Other keyword arguments are the task's own options.
+    the body runs). ``recover=True``: the call's arguments are kept while it runs, and
+    `recovery.recover_operations` runs it again (with the same task id) if its lease ends
+    without it completing. Other keyword arguments are the task's own options.
     """
-    options = RunOptions(
-        ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer, lease=lease
-    )
     bind = bool(task_options.get("bind", False))
 
     def decorate(func: Callable[..., Any]) -> Any:
         name = task_options.get("name") or f"{func.__module__}.{func.__name__}"
         keys_namespace = namespace_of(namespace, name, "@idempotent_task")
+        recovery = recoverable(TASK, name, mode=mode, qualname=name) if recover else None
+        options = RunOptions(
+            ttl=ttl,
+            mode=mode,
+            on_conflict=on_conflict,
+            serializer=serializer,
+            lease=lease,
+            recover=recovery,
+        )
         arguments = CallArguments(func, key=key, owner=owner, payload=payload, skip_first=bind)
         result_format = lazy_serializer(func, serializer)
 
@@ -68,8 +78,9 @@ def idempotent_task(
             call = arguments.call(
                 keys_namespace, name, "TASK", call_args, kwargs, default_key=task_id
             )
+            kept = None if recovery is None else encoded(call_args, kwargs, task_id)
             try:
-                return run_once(call, lambda: func(*args, **kwargs), options, result_format())
+                return run_once(call, lambda: func(*args, **kwargs), options, result_format(), kept)
             except KeyInProgress as exc:
                 # The first attempt still runs (or its worker died holding a lease): look again
                 # once that lease can have run out; counted against the task's max_retries.

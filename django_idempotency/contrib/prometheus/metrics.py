@@ -5,12 +5,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
 
 from django_idempotency import signals
 from django_idempotency.conf import conf
+
+if TYPE_CHECKING:
+    from django_idempotency.models import OutboxMessage
 
 PREFIX = "django_idempotency_"
 UID_PREFIX = "django_idempotency.contrib.prometheus."
@@ -37,6 +40,8 @@ CHECK_BUCKETS = (
 PURGE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 # One attempt of an outbound call: a nearby service in milliseconds, up to a client's timeout.
 OUTBOUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# What the relay did with a message: signals.outbox_delivery's outcomes.
+OUTBOX_OUTCOMES = ("sent", "retried", "dead", "lost")
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class Metrics:
     purge_duration: Histogram
     outbound_attempts: Counter
     outbound_duration: Histogram
+    outbox_deliveries: Counter
+    outbox_delivery_duration: Histogram
 
 
 _metrics: Metrics | None = None
@@ -113,9 +120,26 @@ def _register() -> Metrics:
             ["host"],
             buckets=OUTBOUND_BUCKETS,
         ),
+        outbox_deliveries=Counter(
+            PREFIX + "outbox_deliveries",
+            "Outbox messages the relay handled, by kind (task or request) and outcome: sent, "
+            "retried (after the backoff), dead, or lost (taken over by another relay first).",
+            ["kind", "outcome"],
+        ),
+        outbox_delivery_duration=Histogram(
+            PREFIX + "outbox_delivery_seconds",
+            "Duration of each delivery of an outbox message by the relay, by kind (lost ones,"
+            " never sent, left out).",
+            ["kind"],
+            buckets=OUTBOUND_BUCKETS,
+        ),
     )
     for kind in ("expired", "abandoned"):
         registered.purged_records.labels(kind)  # Both series exist from the start, at zero.
+    # So do the outbox's: an alert on the first dead message sees it rise from zero.
+    for kind in ("task", "request"):
+        for outcome in OUTBOX_OUTCOMES:
+            registered.outbox_deliveries.labels(kind, outcome)
     return registered
 
 
@@ -135,6 +159,9 @@ def install() -> None:
     signals.purged.connect(count_purge, weak=False, dispatch_uid=f"{UID_PREFIX}purged")
     signals.outbound_attempt.connect(
         count_outbound_attempt, weak=False, dispatch_uid=f"{UID_PREFIX}outbound_attempt"
+    )
+    signals.outbox_delivery.connect(
+        count_outbox_delivery, weak=False, dispatch_uid=f"{UID_PREFIX}outbox_delivery"
     )
 
 
@@ -185,3 +212,14 @@ def count_outbound_attempt(
     metrics = get_metrics()
     metrics.outbound_attempts.labels(host, outcome).inc()
     metrics.outbound_duration.labels(host).observe(duration)
+
+
+def count_outbox_delivery(
+    sender: Any, *, message: OutboxMessage, outcome: str, duration: float, **kwargs: Any
+) -> None:
+    if not conf.METRICS:
+        return
+    metrics = get_metrics()
+    metrics.outbox_deliveries.labels(message.kind, outcome).inc()
+    if outcome != "lost":  # Another relay had taken it over: this one sent nothing to time.
+        metrics.outbox_delivery_duration.labels(message.kind).observe(duration)

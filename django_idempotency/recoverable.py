@@ -1,0 +1,118 @@
+"""A `recover=True` function's or task's calls, kept while they run for the sweep to re-run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from django_idempotency.conf import conf
+from django_idempotency.core.outcomes import Scope
+from django_idempotency.encryption import seal_step
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from django_idempotency.models import RecoverableOperation
+
+# RecoverableOperation's kinds and states, named here without importing the models: the
+# package's root imports this module (through `functions`) before the apps are ready.
+FUNCTION, TASK = "function", "task"
+RUNNING, FAILED = "running", "failed"
+
+
+@dataclass(frozen=True)
+class Recoverable:
+    """What the sweep needs to call a function or task again: its kind and name."""
+
+    kind: str
+    target: str
+
+    def remember(self, scope: Scope, arguments: bytes, *, claimed: bool) -> None:
+        """Keep this call's arguments under its scope. Before the claim (`claimed` False), only
+        where none are kept yet, so that a crash right after the claim leaves them already
+        written and a call refused as a mismatch overwrites nothing; once claimed, this call's
+        own, which is the operation now."""
+        values = {
+            "kind": self.kind,
+            "target": self.target,
+            "arguments": seal_step(arguments, conf.ENCRYPTION_KEYS),
+            "state": RUNNING,
+            "updated_at": timezone.now(),
+        }
+        rows = kept_calls()
+        scoped = rows.filter(namespace=scope.namespace, owner=scope.owner, key=scope.key)
+        if claimed and scoped.update(**values):
+            return
+        try:
+            with transaction.atomic(using=rows.db):
+                rows.create(
+                    namespace=scope.namespace,
+                    owner=scope.owner,
+                    key=scope.key,
+                    next_attempt_at=values["updated_at"],
+                    created_at=values["updated_at"],
+                    **values,
+                )
+        except IntegrityError:
+            pass  # Kept already: by this operation's first call, or (claimed) just now.
+
+    def forget(self, scope: Scope) -> None:
+        """The call completed: nothing is left to recover."""
+        kept_calls().filter(namespace=scope.namespace, owner=scope.owner, key=scope.key).delete()
+
+
+def recoverable(kind: str, target: str, *, mode: str | None, qualname: str) -> Recoverable:
+    """The recovery of a function or task declared with ``recover=True``; refused where a
+    sweep could not call it again, or where nothing would be left to recover."""
+    if "<locals>" in qualname:
+        raise ImproperlyConfigured(
+            f"recover=True needs {qualname} to be importable by its name, for the recovery "
+            "sweep to call it again: declare it at a module's top level."
+        )
+    if mode == "atomic":
+        raise ImproperlyConfigured(
+            f"recover=True on {qualname} in atomic mode: a crash rolls the whole call back, so "
+            "nothing is left to recover. Leave mode unset (recover=True runs in lease mode)."
+        )
+    return Recoverable(kind, target)
+
+
+def check_store() -> None:
+    """Refuse a store other than the database's (with or without the cache tier)."""
+    from django_idempotency.stores import get_store
+    from django_idempotency.stores.database import DatabaseStore
+
+    store = get_store()
+    if not isinstance(getattr(store, "inner", store), DatabaseStore):
+        raise ImproperlyConfigured(
+            "recover=True keeps each call's arguments in the database, beside its record: it "
+            "needs the database store (IDEMPOTENCY_STORE), with or without the cache tier."
+        )
+
+
+def encoded(args: Any, kwargs: Any, task_id: str | None = None) -> bytes:
+    """A call's arguments (and a task's id) as the sweep calls it again with them; `TypeError`,
+    before anything ran, for arguments that are not JSON."""
+    values: dict[str, Any] = {"args": list(args), "kwargs": dict(kwargs)}
+    if task_id is not None:
+        values["task_id"] = task_id
+    try:
+        return json.dumps(values).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"recover=True keeps a call's arguments as JSON, for the sweep to call it again, and "
+            f"these are not: {exc}. Pass ids and plain values."
+        ) from exc
+
+
+def kept_calls() -> QuerySet[RecoverableOperation]:
+    """The calls kept, on the records' database (IDEMPOTENCY_DATABASE, or the router's)."""
+    from django_idempotency.models import RecoverableOperation
+    from django_idempotency.stores.database import records_alias
+
+    return RecoverableOperation._default_manager.using(records_alias(RecoverableOperation))
