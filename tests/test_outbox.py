@@ -21,6 +21,7 @@ from django_idempotency.models import OutboundCall, OutboxMessage
 from django_idempotency.outbound import IdempotentTransport, RetryPolicy
 from django_idempotency.outbox import Relay, enqueue_request, enqueue_task, relay_due
 from django_idempotency.purge import purge_expired_records
+from django_idempotency.testing import crash_at
 from tests.downstream import Downstream, reset_downstream
 from tests.models import Charge
 
@@ -378,3 +379,47 @@ def test_a_task_message_keeps_its_arguments_and_options_as_celery_sends_them() -
         "",
     )
     assert message.payload == {"args": [1, "a"], "kwargs": {"b": [2]}, "options": {"queue": "mail"}}
+
+
+def test_a_receiver_that_moved_is_not_taken_for_a_delivery(
+    downstream: Downstream, url: Callable[[str], str]
+) -> None:
+    path = downstream.script("orders", (308, {"Location": "https://elsewhere.example/orders/"}))
+    message = enqueue_request("POST", url(path))
+
+    assert relay().dead == 1
+    message.refresh_from_db()
+    assert message.last_error == "answered 308: moved to https://elsewhere.example/orders/"
+
+
+def test_a_relay_told_to_stop_finishes_its_message_and_hands_the_rest_back(
+    downstream: Downstream, url: Callable[[str], str]
+) -> None:
+    path = downstream.script("orders")
+    for _ in range(3):
+        enqueue_request("POST", url(path))
+    stopping = Relay(policy=NO_BACKOFF, http_client=one_try_client())
+
+    with crash_at("outbox.marked", action=stopping.stop):
+        report = stopping.run_batch()
+
+    assert report.sent == 1 and len(downstream.seen["orders"]) == 1
+    # The two left are free for any relay at once, not held until the stopped one's lease ends.
+    assert relay().sent == 2
+
+
+def test_a_relay_whose_message_was_taken_over_while_it_sent_counts_it_lost(
+    downstream: Downstream, url: Callable[[str], str]
+) -> None:
+    path = downstream.script("orders")
+    message = enqueue_request("POST", url(path))
+
+    def another_relay_takes_it_over() -> None:
+        OutboxMessage.objects.filter(pk=message.pk).update(claim_token="another-relay")
+
+    with crash_at("outbox.sent", action=another_relay_takes_it_over):
+        report = relay()
+
+    assert (report.sent, report.lost) == (0, 1)
+    message.refresh_from_db()
+    assert (message.state, message.claim_token) == (State.PENDING, "another-relay")

@@ -11,6 +11,9 @@ from django_idempotency.outbound.keys import KEY_HEADER
 from django_idempotency.outbound.outcomes import NOT_DONE_STATUSES, is_decision
 from django_idempotency.outbound.policy import RetryPolicy
 
+# Redirects that say the request was not handled here (303, "see other", says it was).
+MOVED = frozenset({300, 301, 302, 305, 307, 308})
+
 
 class Verdict(enum.Enum):
     SENT = "sent"  # The broker took it, or the receiver answered with its decision.
@@ -27,12 +30,12 @@ class Delivery:
 def send_task(message: OutboxMessage, app: Any) -> Delivery:
     """Publish the task call with the message's key as its id; a redelivered call with that id
     is the same call to an `idempotent_task`, which runs its body once."""
-    if app is None:
-        from celery import current_app  # type: ignore[import-untyped]
-
-        app = current_app
     payload = message.payload or {}
     try:
+        if app is None:
+            from celery import current_app  # type: ignore[import-untyped]
+
+            app = current_app
         app.send_task(
             message.destination,
             args=payload.get("args", []),
@@ -40,7 +43,7 @@ def send_task(message: OutboxMessage, app: Any) -> Delivery:
             task_id=message.key,
             **payload.get("options", {}),
         )
-    except Exception as exc:  # The broker is down or refused it: send it again later.
+    except Exception as exc:  # The broker is down or refused it (or Celery is not installed).
         return Delivery(Verdict.RETRY, _describe(exc))
     return Delivery(Verdict.SENT)
 
@@ -57,7 +60,7 @@ class RequestSender:
     def __call__(self, message: OutboxMessage) -> Delivery:
         try:
             client = self._open()
-        except ModuleNotFoundError as exc:  # httpx is not installed: until it is, retried.
+        except ModuleNotFoundError as exc:  # httpx is not installed: retried, then dead.
             return Delivery(Verdict.RETRY, _describe(exc))
         headers = [(name, value) for name, value in (message.payload or {}).get("headers", [])]
         headers = [(n, v) for n, v in headers if n.lower() != KEY_HEADER.lower()]
@@ -70,6 +73,10 @@ class RequestSender:
             return Delivery(Verdict.RETRY, _describe(exc))
         response.close()
         status = response.status_code
+        if status in MOVED:
+            # Not followed: a request re-sent elsewhere is the destination's to decide on.
+            where = response.headers.get("Location", "")[:100]
+            return Delivery(Verdict.DEAD, f"answered {status}: moved to {where}")
         if is_decision(status):
             return Delivery(Verdict.SENT)
         if status in NOT_DONE_STATUSES and status not in (429, 503):

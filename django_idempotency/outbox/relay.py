@@ -14,6 +14,7 @@ from django.db.models import Exists, OuterRef, Q
 
 from django_idempotency import crashes, signals
 from django_idempotency.models import OutboxMessage
+from django_idempotency.outbound.calls import target_of
 from django_idempotency.outbound.policy import RetryPolicy
 from django_idempotency.outbox.delivery import Delivery, RequestSender, Verdict, send_task
 from django_idempotency.outbox.messages import outbox_alias
@@ -30,8 +31,8 @@ BATCH_SIZE = 100
 # delivery (a request's retries within the outbound client's deadline). A relay that died
 # holding messages leaves them to the next relay once this is over.
 LEASE = timedelta(seconds=60)
-# Between deliveries of one message: the outbound client's backoff (full jitter, doubling from
-# 2 s to 10 min), then dead after 10 deliveries, about an hour and a half in all.
+# Between deliveries of one message: the outbound client's backoff (full jitter, its ceiling
+# doubling from 2 s), then dead after 10 deliveries: at most about 17 minutes in all.
 POLICY = RetryPolicy(max_attempts=10, base_delay=2.0, max_delay=600.0, deadline=float("inf"))
 
 
@@ -83,6 +84,7 @@ class Relay:
         self.policy = policy
         self.app = app
         self.token = uuid.uuid4().hex
+        self._stopping = False
         self._send_request = RequestSender(http_client)
 
     def run(self, *, max_batches: int | None = None) -> RelayReport:
@@ -99,11 +101,23 @@ class Relay:
         return report
 
     def run_batch(self) -> RelayReport:
-        """Claim one batch of due messages and deliver each."""
+        """Claim one batch of due messages and deliver each; once `stop()` was called, the
+        message being sent is finished and the rest of the batch handed back at once."""
         report = RelayReport()
-        for message in self.claim():
+        claimed = self.claim()
+        for index, message in enumerate(claimed):
+            if self._stopping:
+                ids = [left.id for left in claimed[index:]]
+                OutboxMessage.objects.using(self.alias).filter(
+                    id__in=ids, claim_token=self.token
+                ).update(claim_token="", claimed_until=None)
+                break
             self._deliver(message, report)
         return report
+
+    def stop(self) -> None:
+        """Finish the message being sent, then stop (a signal handler may call it)."""
+        self._stopping = True
 
     def close(self) -> None:
         self._send_request.close()
@@ -167,37 +181,38 @@ class Relay:
         duration = time.perf_counter() - started
         attempts = message.attempts + 1
         done = self.now()
+        values: dict[str, Any] = {"last_error": delivery.error, **_released(attempts)}
         if delivery.verdict is Verdict.SENT:
             crashes.reached("outbox.sent")
-            mine.update(state=State.SENT, sent_at=done, last_error="", **_released(attempts))
-            crashes.reached("outbox.marked")
-            report.sent += 1
-            outcome = "sent"
+            outcome, values = "sent", {**values, "state": State.SENT, "sent_at": done}
         elif delivery.verdict is Verdict.DEAD or attempts >= self.policy.max_attempts:
-            mine.update(state=State.DEAD, last_error=delivery.error, **_released(attempts))
-            report.dead += 1
-            outcome = "dead"
+            outcome, values = "dead", {**values, "state": State.DEAD}
+        else:
+            retry_at = later(done, timedelta(seconds=self.policy.backoff(attempts)))
+            outcome, values = "retried", {**values, "available_at": retry_at}
+        if not mine.update(**values):
+            # Taken over while this relay sent it (its lease ran out): the other relay's word
+            # stands; what this one sent carried the same key.
+            outcome = "lost"
+        elif outcome == "sent":
+            crashes.reached("outbox.marked")
+        elif outcome == "dead":
             logger.warning(
-                "outbox message %s (%s %s) is dead after %d deliveries: %s",
+                "outbox message %s (%s) is dead after %d deliveries: %s",
                 message.pk,
-                message.kind,
-                message.destination,
+                _shown(message),
                 attempts,
                 delivery.error,
             )
         else:
-            retry_at = later(done, timedelta(seconds=self.policy.backoff(attempts)))
-            mine.update(available_at=retry_at, last_error=delivery.error, **_released(attempts))
-            report.retried += 1
-            outcome = "retried"
             logger.info(
-                "outbox message %s (%s %s) not delivered (%s); tried again at %s",
+                "outbox message %s (%s) not delivered (%s); tried again at %s",
                 message.pk,
-                message.kind,
-                message.destination,
+                _shown(message),
                 delivery.error,
-                retry_at,
+                values["available_at"],
             )
+        setattr(report, outcome, getattr(report, outcome) + 1)
         _announce(message, outcome, delivery.error, duration)
 
     def _send(self, message: OutboxMessage) -> Delivery:
@@ -213,6 +228,14 @@ def relay_due(**options: Any) -> RelayReport:
         return runner.run()
     finally:
         runner.close()
+
+
+def _shown(message: OutboxMessage) -> str:
+    """A message's destination as logs show it: a URL without its query, which may hold
+    secrets (as the outbound journal keeps it)."""
+    if message.kind == OutboxMessage.Kind.TASK:
+        return f"task {message.destination}"
+    return f"{message.method} {target_of(message.destination)[0]}"
 
 
 def _claimable(now: datetime) -> Q:

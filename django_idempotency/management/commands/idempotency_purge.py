@@ -86,9 +86,12 @@ def summary(report: PurgeReport, namespace: str | None = None) -> str:
     counts = (
         f"{_records(report.total)} ({report.expired:,} expired, {report.abandoned:,} abandoned)"
     )
-    if report.outbound_calls:
-        rows = "row" if report.outbound_calls == 1 else "rows"
-        counts += f" and {report.outbound_calls:,} outbound journal {rows}"
+    for count, one, many in (
+        (report.outbound_calls, "outbound journal row", "outbound journal rows"),
+        (report.outbox_messages, "sent outbox message", "sent outbox messages"),
+    ):
+        if count:
+            counts += f" and {count:,} {one if count == 1 else many}"
     if report.dry_run:
         return f"Would purge {counts}{where}; dry run, nothing deleted ({report.seconds:.2f} s)."
     return f"Purged {counts}{where} in {report.seconds:.2f} s."

@@ -98,7 +98,9 @@ class Command(BaseCommand):
         stop = threading.Event()
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            stop.set()  # The message being sent is finished and marked; then it stops.
+            # The message being sent is finished and marked, the rest of its batch handed back.
+            stop.set()
+            relay.stop()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
