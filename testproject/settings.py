@@ -133,6 +133,11 @@ PAYMENTS_WEBHOOK_SECRET = os.environ.get(
     "PAYMENTS_WEBHOOK_SECRET", "whsec_ZGVtby1vbmx5LW5vdC1hLXJlYWwtc2lnbmluZy1rZXk="
 )
 BANK_API_URL = os.environ.get("BANK_API_URL", "")
+# Where the shop's orders are shipped from: the warehouse the outbox's relay posts them to, by
+# default this demo's own under `manage.py runserver`.
+DEMO_WAREHOUSE_URL = os.environ.get(
+    "DEMO_WAREHOUSE_URL", "http://127.0.0.1:8000/warehouse/shipments/"
+)
 # Seconds the shop's checkout takes to pay (the provider's time): long enough to click twice.
 SHOP_PAYMENT_SECONDS = float(os.environ.get("SHOP_PAYMENT_SECONDS", "0.5"))
 # Test-only: the payouts' crash points (testproject/payments/crashes.py), off unless set.
@@ -163,5 +168,9 @@ CELERY_BEAT_SCHEDULE = {
     "purge-expired-idempotency-records": {
         "task": "django_idempotency.tasks.purge_expired_records",
         "schedule": 3600,  # Hourly; the purge runs in short batches beside live traffic.
+    },
+    "relay-idempotency-outbox": {
+        "task": "django_idempotency.tasks.relay_outbox",
+        "schedule": 5,  # The shop's e-mails and shipments leave seconds after the payment.
     },
 }

@@ -1,5 +1,5 @@
-"""Demo routes: the payments API (DRF and Django Ninja), its OpenAPI schema, the admin, and the
-downstream bank the payouts call."""
+"""Demo routes: the payments API (DRF and Django Ninja), its OpenAPI schema, the admin, the
+downstream bank the payouts call, and the warehouse the shop's orders ship from."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from testproject.payments import shop, views
+from testproject.payments import shop, views, warehouse
 from testproject.payments.ninja_api import api as ninja_api
 
 router = DefaultRouter()
@@ -39,4 +39,6 @@ urlpatterns = [
     path("ninja/", ninja_api.urls),
     # The downstream bank the payouts call, served by another instance of the demo.
     path("bank/", include("testproject.bank.urls")),
+    # The warehouse the shop's orders are shipped from, through the outbox.
+    path("warehouse/shipments/", warehouse.create_shipment, name="warehouse-shipment-create"),
 ]

@@ -23,6 +23,7 @@ PURGE_ENTRY = "purge-expired-idempotency-records"
 # The same entry as testproject's CELERY_BEAT_SCHEDULE (tests/test_tasks.py checks it is).
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     PURGE_ENTRY: {"task": "django_idempotency.tasks.purge_expired_records", "schedule": 3600},
+    "relay-idempotency-outbox": {"task": "django_idempotency.tasks.relay_outbox", "schedule": 5},
 }
 
 

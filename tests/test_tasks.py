@@ -79,6 +79,7 @@ def test_the_task_returns_the_report_as_json() -> None:
         "batches": 2,
         "dry_run": False,
         "outbound_calls": 0,
+        "outbox_messages": 0,
     }
     assert json.loads(json.dumps(result)) == result
 
@@ -148,6 +149,7 @@ def test_the_beat_entry_sent_by_name_purges_expired_records(
         "batches": 1,
         "dry_run": False,
         "outbound_calls": 0,
+        "outbox_messages": 0,
     }
     assert _remaining() == records["live"]
 
@@ -168,6 +170,7 @@ def test_the_task_takes_a_batch_size_and_a_namespace(
         "batches": 2,
         "dry_run": False,
         "outbound_calls": 0,
+        "outbox_messages": 0,
     }
     assert _remaining() == records["expired"] | records["abandoned"] | records["live"]
 
@@ -222,6 +225,7 @@ def test_celery_beat_runs_the_purge_on_schedule(
         "batches": 1,
         "dry_run": False,
         "outbound_calls": 0,
+        "outbox_messages": 0,
     }
     assert f"Sending due task {PURGE_ENTRY} ({TASK})" in output
     assert _remaining() == records["live"]

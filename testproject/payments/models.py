@@ -1,4 +1,4 @@
-"""Payments and refunds: the side effects a retried request must not repeat."""
+"""Payments, refunds, payouts and shipments: the side effects a retry must not repeat."""
 
 from __future__ import annotations
 
@@ -37,3 +37,16 @@ class Payout(models.Model):
 
     def __str__(self) -> str:
         return f"payout {self.reference} of {self.amount} {self.currency}"
+
+
+class Shipment(models.Model):
+    """A parcel the warehouse sent: one row each time it ships, however often it was asked to."""
+
+    key = models.CharField(
+        max_length=255, help_text="The Idempotency-Key the shipment was made under."
+    )
+    order = models.PositiveBigIntegerField(help_text="The shop's order shipped (its payment).")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"shipment of order {self.order}"

@@ -7,12 +7,14 @@ import time
 from django import forms
 from django.conf import settings
 from django.contrib import messages
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
 from django_idempotency import idempotent
 from django_idempotency.forms import IdempotentFormMixin
+from testproject.payments import orders
 from testproject.payments.models import Payment
 
 
@@ -28,7 +30,8 @@ class CheckoutForm(IdempotentFormMixin, forms.ModelForm):  # type: ignore[type-a
 @require_http_methods(["GET", "POST"])
 @idempotent(required=True, namespace="shop")
 def checkout(request: HttpRequest) -> HttpResponse:
-    """GET /shop/checkout/: the form. POST: pay, then redirect to the receipt (303).
+    """GET /shop/checkout/: the form. POST: pay, then redirect to the receipt (303); the
+    order's e-mail and shipment leave through the outbox (testproject.payments.orders).
 
     Each form shown carries a key of its own. A double click waits for the first submit and
     gets its redirect; a resubmit (back, then send again) is replayed the same redirect; a form
@@ -40,7 +43,11 @@ def checkout(request: HttpRequest) -> HttpResponse:
         if form.is_valid():
             # The payment provider's time: a person clicks again meanwhile.
             time.sleep(settings.SHOP_PAYMENT_SECONDS)
-            payment = form.save()
+            # One transaction in either mode (in lease mode the guard opens none): the order's
+            # e-mail and shipment are written with its payment, or not at all.
+            with transaction.atomic():
+                payment = form.save()
+                orders.follow_up(payment)
             messages.success(request, f"Payment of {payment} received.")
             response = redirect("shop-receipt", payment.pk)
             response.status_code = 303  # See other: the receipt is read with GET.
