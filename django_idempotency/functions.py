@@ -96,10 +96,11 @@ def run_once(
     recovery = options.recover
     mode = "lease" if recovery is not None else options.mode or conf.MODE
     on_conflict = options.on_conflict or conf.ON_CONFLICT
+    kept_now = False
     if recovery is not None:
         assert arguments is not None
         check_store()
-        recovery.remember(call.scope, arguments, claimed=False)
+        kept_now = recovery.keep(call.scope, arguments)
     with Attempt(atomic=mode == "atomic", on_conflict=on_conflict) as attempt:
         claim = attempt.claim_key(
             call.scope,
@@ -111,8 +112,8 @@ def run_once(
         )
         if claim.outcome is not Outcome.FRESH:
             return _answer(call, claim, serializer)
-        if recovery is not None:
-            recovery.remember(call.scope, cast(bytes, arguments), claimed=True)
+        if recovery is not None and not kept_now:
+            recovery.claimed(call.scope, cast(bytes, arguments))
         result = work()
         if attempt.complete(_stored(result, serializer)) and recovery is not None:
             recovery.forget(call.scope)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -32,34 +33,43 @@ class Recoverable:
     kind: str
     target: str
 
-    def remember(self, scope: Scope, arguments: bytes, *, claimed: bool) -> None:
-        """Keep this call's arguments under its scope. Before the claim (`claimed` False), only
-        where none are kept yet, so that a crash right after the claim leaves them already
-        written and a call refused as a mismatch overwrites nothing; once claimed, this call's
-        own, which is the operation now."""
-        values = {
-            "kind": self.kind,
-            "target": self.target,
-            "arguments": seal_step(arguments, conf.ENCRYPTION_KEYS),
-            "state": RUNNING,
-            "updated_at": timezone.now(),
-        }
+    def keep(self, scope: Scope, arguments: bytes) -> bool:
+        """Before the claim: keep this call's arguments under its scope where none are kept yet
+        (True: kept now), so that a worker dying right after its claim has left them, and a
+        call then refused as a mismatch overwrites nothing."""
         rows = kept_calls()
-        scoped = rows.filter(namespace=scope.namespace, owner=scope.owner, key=scope.key)
-        if claimed and scoped.update(**values):
-            return
+        now = timezone.now()
         try:
             with transaction.atomic(using=rows.db):
                 rows.create(
                     namespace=scope.namespace,
                     owner=scope.owner,
                     key=scope.key,
-                    next_attempt_at=values["updated_at"],
-                    created_at=values["updated_at"],
-                    **values,
+                    next_attempt_at=now,
+                    created_at=now,
+                    **self._values(arguments, now),
                 )
         except IntegrityError:
-            pass  # Kept already: by this operation's first call, or (claimed) just now.
+            return False  # Kept by an earlier call with this key.
+        return True
+
+    def claimed(self, scope: Scope, arguments: bytes) -> None:
+        """This call claimed the key, its arguments kept by an earlier call: its own now, for
+        it is the operation (the earlier one's record was given back, or expired)."""
+        now = timezone.now()
+        kept_calls().filter(namespace=scope.namespace, owner=scope.owner, key=scope.key).update(
+            **self._values(arguments, now)
+        )
+
+    def _values(self, arguments: bytes, now: datetime) -> dict[str, Any]:
+        sealed = seal_step(arguments, conf.ENCRYPTION_KEYS)
+        return {
+            "kind": self.kind,
+            "target": self.target,
+            "arguments": sealed,
+            "state": RUNNING,
+            "updated_at": now,
+        }
 
     def forget(self, scope: Scope) -> None:
         """The call completed: nothing is left to recover."""
