@@ -8,7 +8,6 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, router, transaction
-from django.utils import timezone
 from ulid import ULID
 
 from django_idempotency.attempts import current_attempt
@@ -16,7 +15,7 @@ from django_idempotency.core.keys import MAX_KEY_LENGTH, mint_key
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbound.keys import operation_parts
 from django_idempotency.steps import current_step_name
-from django_idempotency.stores.database import records_alias
+from django_idempotency.stores.database import clock_for, records_alias
 
 # Sending options the relay sets itself: the task's id is the message's key.
 _RESERVED_OPTIONS = frozenset({"task_id", "args", "kwargs"})
@@ -143,7 +142,9 @@ def _write(
         key, operation_id = _derived_key(kind, destination, alias)
     elif not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_LENGTH or "\x00" in key:
         raise ValueError(f"A message key is 1 to {MAX_KEY_LENGTH} characters, not {key!r}.")
-    now = timezone.now()
+    # The relay decides on the database's clock: a server whose own runs ahead or behind would
+    # hold its messages back (or let them through early) by as much.
+    now = clock_for(alias).now()
     messages = OutboxMessage.objects.using(alias)
     try:
         # A savepoint in the caller's transaction: a key already written must not abort it.
