@@ -648,6 +648,8 @@ def test_the_actions_replace_delete_selected(admin_client: Client) -> None:
         "purge_selected": "Purge selected idempotency records",
         "purge_expired": "Purge all expired idempotency records",
         "release_abandoned": "Release abandoned idempotency claims",
+        "step_happened": "Step happened (resume after it)",
+        "step_did_not_happen": "Step did not happen (run it again)",
     }
 
 

@@ -1060,7 +1060,8 @@ def test_an_unapplied_migration_is_reported_by_check_database() -> None:
     assert message.msg == (
         "The database 'default' lacks migrations of django_idempotency:"
         " 0003_binary_scope_on_mariadb, 0004_decrypted_response_permission,"
-        " 0005_record_steps, 0006_outbound_calls, 0007_operation_identity."
+        " 0005_record_steps, 0006_outbound_calls, 0007_operation_identity, 0008_outbox,"
+        " 0009_recoverable_operations."
     )
     assert str(message.hint).startswith("Run `python manage.py migrate django_idempotency`")
 
@@ -1077,7 +1078,7 @@ def test_migrate_on_a_fresh_database_does_not_tell_to_run_migrate() -> None:
         call_command("migrate", "django_idempotency", verbosity=0)
 
     assert "W006" not in said.getvalue() and "W007" not in said.getvalue(), said.getvalue()
-    assert "Applying django_idempotency.0007_operation_identity... OK" in said.getvalue()
+    assert "Applying django_idempotency.0009_recoverable_operations... OK" in said.getvalue()
     assert _database_messages() == []
 
 
@@ -1115,7 +1116,8 @@ def test_runserver_warns_of_a_migration_missing_on_the_records_database() -> Non
     assert lacking == (
         "\n?: (django_idempotency.W007) The database 'records' lacks migrations of"
         " django_idempotency: 0003_binary_scope_on_mariadb, 0004_decrypted_response_permission,"
-        " 0005_record_steps, 0006_outbound_calls, 0007_operation_identity."
+        " 0005_record_steps, 0006_outbound_calls, 0007_operation_identity, 0008_outbox,"
+        " 0009_recoverable_operations."
         "\n\tHINT: Run `python manage.py migrate django_idempotency --database records`: the"
         " store's statements expect the schema of the last migration.\n"
     )

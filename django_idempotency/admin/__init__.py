@@ -2,7 +2,8 @@
 
 The list (`changelist`), the detail page's body display (`bodies`) and the actions (`actions`)
 each have their room; `records` puts them together in the registered ModelAdmin. `outbound`
-shows the journal of outbound calls, `outbox` the outbox's messages (and sends them again).
+shows the journal of outbound calls, `outbox` the outbox's messages (and sends them again),
+`recovery` the `recover=True` calls kept for the recovery sweep (and tries failed ones again).
 """
 
 from django.contrib import admin
@@ -23,6 +24,7 @@ from django_idempotency.admin.changelist import (
 from django_idempotency.admin.outbound import OutboundCallAdmin
 from django_idempotency.admin.outbox import OutboxMessageAdmin
 from django_idempotency.admin.records import IdempotencyRecordAdmin
+from django_idempotency.admin.recovery import RecoverableOperationAdmin
 
 __all__ = [
     "BODY_PREVIEW_CHARS",
@@ -33,6 +35,7 @@ __all__ = [
     "OutboundCallAdmin",
     "OutboxMessageAdmin",
     "RecordActions",
+    "RecoverableOperationAdmin",
     "admin",
     "calendar_hierarchy",
     "delete_and_forget",

@@ -1,7 +1,8 @@
-"""The admin actions: confirm, then purge or release, and say what happened."""
+"""The admin actions: purge or release (confirmed first), resolve interrupted steps; say so."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import logging
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.auth import get_permission_codename
 from django.db import InterfaceError, OperationalError, router, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -18,9 +20,13 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency.conf import conf
 from django_idempotency.core.outcomes import Scope
+from django_idempotency.encryption import UnreadableResponse, unseal_step
+from django_idempotency.exceptions import KeyInProgress
 from django_idempotency.models import IdempotencyRecord, abandoned
 from django_idempotency.purge import purge_expired_records
+from django_idempotency.steps import STARTED, resolve_step
 from django_idempotency.stores import StoreUnavailable, get_store
 from django_idempotency.stores.database import records_alias
 
@@ -83,6 +89,13 @@ def _release_stopped() -> str:
     return gettext(
         "The release stopped: the database holding idempotency records cannot be reached "
         "(%(error)s). Try again when it is back; records already released stay released."
+    )
+
+
+def _resolve_stopped() -> str:
+    return gettext(
+        "Resolving stopped: the database holding idempotency records cannot be reached "
+        "(%(error)s). Try again when it is back; steps already resolved stay resolved."
     )
 
 
@@ -214,6 +227,58 @@ class RecordActions(RecordAdminBase):
         claims = _abandoned_claims(get_store().now())  # By the store's clock, as claims are.
         return self._confirm_deletion(request, "release_abandoned", claims, question, done)
 
+    # Resolving an interrupted step rewrites what the record keeps of its operation: the change
+    # permission (Django's default one; the record's form stays read-only), the closest in
+    # meaning. Not the delete permission: purging lets a key start afresh, it does not say
+    # whether a side effect happened.
+    def has_resolve_permission(self, request: HttpRequest) -> bool:
+        opts = self.opts
+        codename = get_permission_codename("change", opts)
+        return request.user.has_perm(f"{opts.app_label}.{codename}")
+
+    @admin.action(permissions=["resolve"], description=_("Step happened (resume after it)"))
+    @reports_a_lost_database(_resolve_stopped)
+    def step_happened(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    ) -> HttpResponse | None:
+        self._resolve_selected(request, queryset, happened=True)
+        return None
+
+    @admin.action(permissions=["resolve"], description=_("Step did not happen (run it again)"))
+    @reports_a_lost_database(_resolve_stopped)
+    def step_did_not_happen(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    ) -> HttpResponse | None:
+        self._resolve_selected(request, queryset, happened=False)
+        return None
+
+    def _resolve_selected(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord], *, happened: bool
+    ) -> None:
+        """Resolve the interrupted at-most-once steps of the selected records; skip (and count)
+        those with none, and those a request still holds."""
+        resolved = held = 0
+        selected = queryset.count()
+        # Only records in progress with steps can have an interrupted one: few, read at once.
+        # resolve_step reads each again, locked, on the database it writes to.
+        candidates = queryset.filter(status=IdempotencyRecord.Status.IN_PROGRESS)
+        fields = ("status", "namespace", "owner", "key", "steps")
+        for record in candidates.filter(steps__isnull=False).only(*fields).order_by():
+            try:
+                names = [n for n in interrupted_steps(record) if _resolve(record, n, happened)]
+            except KeyInProgress:
+                held += 1
+                continue
+            resolved += bool(names)
+        logger.info(
+            "%s marked the interrupted steps of %d idempotency records as %s in the admin",
+            request.user,
+            resolved,
+            "happened" if happened else "not happened",
+        )
+        said = _resolved(resolved, held, selected - resolved - held, happened)
+        self.message_user(request, said, messages.SUCCESS if resolved else messages.WARNING)
+
     def _confirm_deletion(
         self,
         request: HttpRequest,
@@ -316,3 +381,74 @@ def _forget_on_commit(scopes: list[Scope], using: str | None) -> None:
 def _abandoned_claims(now: datetime) -> QuerySet[IdempotencyRecord]:
     """Abandoned records: in progress, their lease run out, the request holding them gone."""
     return IdempotencyRecord.objects.filter(abandoned(now))
+
+
+def interrupted_steps(record: IdempotencyRecord) -> list[str]:
+    """The names of the record's at-most-once steps that started and never finished."""
+    if record.status != IdempotencyRecord.Status.IN_PROGRESS:
+        return []  # Completed: its retries replay its response, nothing of it runs again.
+    names = []
+    for name, stored in (record.steps or {}).items():
+        try:
+            value = unseal_step(base64.b64decode(stored), conf.ENCRYPTION_KEYS)
+        except (UnreadableResponse, ValueError):
+            continue  # No key opens it, or not a step's value: nothing said about it here.
+        if value == STARTED:
+            names.append(name)
+    return names
+
+
+def _resolve(record: IdempotencyRecord, step: str, happened: bool) -> bool:
+    """Resolve one step; False if it finished, or someone resolved it, since it was read."""
+    try:
+        resolve_step(
+            record.key, namespace=record.namespace, owner=record.owner, step=step, happened=happened
+        )
+    except LookupError:
+        return False
+    return True
+
+
+def _resolved(resolved: int, held: int, without: int, happened: bool) -> str:
+    """What a resolving action says: whole sentences, one count each."""
+    if not resolved and happened:
+        said = gettext("Marked no step as happened.")
+    elif not resolved:
+        said = gettext("Marked no step as not happened.")
+    elif happened:
+        said = ngettext(
+            "Marked the interrupted step of %(count)d record as happened: its retry resumes "
+            "after it.",
+            "Marked the interrupted steps of %(count)d records as happened: their retries resume "
+            "after them.",
+            resolved,
+        ) % {"count": resolved}
+    else:
+        said = ngettext(
+            "Marked the interrupted step of %(count)d record as not happened: its retry runs it "
+            "again.",
+            "Marked the interrupted steps of %(count)d records as not happened: their retries run "
+            "them again.",
+            resolved,
+        ) % {"count": resolved}
+    sentences = [said]
+    if held:
+        sentences.append(
+            ngettext(
+                "Skipped %(count)d record a request still holds: resolve it once its lease ends.",
+                "Skipped %(count)d records requests still hold: resolve them once their leases "
+                "end.",
+                held,
+            )
+            % {"count": held}
+        )
+    if without:
+        sentences.append(
+            ngettext(
+                "Skipped %(count)d record with no interrupted at-most-once step.",
+                "Skipped %(count)d records with no interrupted at-most-once step.",
+                without,
+            )
+            % {"count": without}
+        )
+    return " ".join(sentences)

@@ -22,6 +22,7 @@ from django_idempotency.admin.actions import (
     RecordActions,
     _forget_on_commit,
     delete_and_forget,
+    interrupted_steps,
     purges_outside_the_requests_transaction,
 )
 from django_idempotency.admin.bodies import (
@@ -46,6 +47,8 @@ from django_idempotency.core.outcomes import Scope
 from django_idempotency.models import IdempotencyRecord
 
 if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldsetSpec
+
     RecordAdminBase = admin.ModelAdmin[IdempotencyRecord]
 else:
     RecordAdminBase = admin.ModelAdmin
@@ -83,7 +86,13 @@ class IdempotencyRecordAdmin(RecordActions):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # Facet counts are one COUNT per filter choice.
     paginator = EstimatedCountPaginator
-    actions = ["purge_selected", "purge_expired", "release_abandoned"]
+    actions = [
+        "purge_selected",
+        "purge_expired",
+        "release_abandoned",
+        "step_happened",
+        "step_did_not_happen",
+    ]
     change_list_template = "django_idempotency/admin/change_list.html"
     change_form_template = "django_idempotency/admin/change_form.html"
     fieldsets = [
@@ -111,12 +120,14 @@ class IdempotencyRecordAdmin(RecordActions):
         "created_at",
         "completed_at",
         "expires_at",
+        "interrupted_steps_shown",
     ]
     # Actions that act on the whole table: they run without a selection, and ignore one.
     table_actions = frozenset({"purge_expired", "release_abandoned"})
 
     # Permissions: records are written only by the requests they protect. Viewing needs the
-    # view permission; deleting (the actions, the delete page) the delete permission.
+    # view permission; deleting (the actions, the delete page) the delete permission; resolving
+    # an interrupted step, the change permission (see RecordActions).
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -138,6 +149,15 @@ class IdempotencyRecordAdmin(RecordActions):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RecordChangeList
+
+    def get_fieldsets(
+        self, request: HttpRequest, obj: IdempotencyRecord | None = None
+    ) -> _FieldsetSpec:
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is not None and interrupted_steps(obj):
+            # Only where there is one: what an operator must resolve before the retry goes on.
+            fieldsets.insert(1, (_("Steps"), {"fields": ["interrupted_steps_shown"]}))
+        return fieldsets
 
     def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         # purge_selected replaces delete_selected: it also drops the cached copies. Django 6.1
@@ -203,6 +223,10 @@ class IdempotencyRecordAdmin(RecordActions):
             # The detail fields see the record, not the request: tell them who is looking.
             obj.may_decrypt = request.user.has_perm(DECRYPT_PERMISSION)  # type: ignore[attr-defined]
         return obj
+
+    @admin.display(description=_("interrupted steps"))
+    def interrupted_steps_shown(self, obj: IdempotencyRecord) -> str:
+        return ", ".join(interrupted_steps(obj))
 
     @admin.display(description=_("response headers"))
     def headers_table(self, obj: IdempotencyRecord) -> SafeString | None:
