@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from celery import Celery
+from django.utils import timezone
 
 from django_idempotency import KeyState, idempotent_function, lookup
 from django_idempotency.models import IdempotencyRecord
@@ -40,7 +43,7 @@ def place_order(number: int) -> None:
 
 def expire_leases() -> None:
     """What the end of the crashed calls' leases does: their records are abandoned."""
-    IdempotencyRecord.objects.update(lease_expires_at="2000-01-01T00:00:00Z")
+    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(days=1))
 
 
 def completed(key: str) -> bool:

@@ -86,13 +86,34 @@ def arm(point: str, action: Callable[[], None] = kill, *, on: int = 1) -> None:
     _armed[point] = Crash(action, _checked(point, on))
 
 
+# The points that take the name of what they are about ("step.ran:charge").
+NAMED = frozenset({"step.ran", "step.saved"})
+
+
 def _checked(point: str, on: int) -> int:
-    name = point.split(":", 1)[0]
+    """`on`, once `point` is known to be one the package reaches: a point that never fires
+    would let a test pass without the crash it asked for."""
+    name, colon, about = point.partition(":")
     if name not in POINTS:
         raise ValueError(f"No crash point is named {name!r}; the points are {', '.join(POINTS)}.")
+    if colon and (name not in NAMED or not about.strip() or "@" in about):
+        raise ValueError(
+            f"{point!r} is never reached: only {' and '.join(sorted(NAMED))} take a step's name "
+            "after a colon (on=N, or @N in IDEMPOTENCY_CRASH_AT, for the arrival)."
+        )
     if type(on) is not int or on < 1:
         raise ValueError(f"on must be an int of 1 or more, not {on!r}.")
     return on
+
+
+def armed(point: str) -> Crash | None:
+    """What `point` is armed with, if anything."""
+    return _armed.get(point)
+
+
+def rearm(point: str, crash: Crash) -> None:
+    """Arm `point` again as it was (its arrivals counted so far included)."""
+    _armed[point] = crash
 
 
 def disarm(point: str | None = None) -> None:

@@ -7,7 +7,7 @@ import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
@@ -232,6 +232,10 @@ def idempotent_function(
     level): each call's arguments are kept, as JSON, while it runs, and
     `recovery.recover_operations` calls it again if its lease ends without it completing.
     """
+    # Checked now, where the decorator is declared, not at the first call.
+    declared = RunOptions(
+        ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer, lease=lease
+    )
 
     def decorate(func: Func) -> Func:
         label = f"{func.__module__}.{func.__qualname__}"
@@ -245,15 +249,14 @@ def idempotent_function(
                     f"recover=True is for synchronous callables; {func.__qualname__} is async."
                 )
             target = f"{func.__module__}:{func.__qualname__}"
-            recovery = recoverable(FUNCTION, target, mode=mode, qualname=func.__qualname__)
-        options = RunOptions(
-            ttl=ttl,
-            mode=mode,
-            on_conflict=on_conflict,
-            serializer=serializer,
-            lease=lease,
-            recover=recovery,
-        )
+
+            def scope_of(args: list[Any], kwargs: dict[str, Any], task_id: str | None) -> Scope:
+                return arguments.call(keys_namespace, label, "CALL", args, kwargs).scope
+
+            recovery = recoverable(
+                FUNCTION, target, scope_of, mode=mode, qualname=func.__qualname__
+            )
+        options = replace(declared, recover=recovery)
 
         if inspect.iscoroutinefunction(func):
 

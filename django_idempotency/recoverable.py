@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +29,12 @@ RUNNING, FAILED = "running", "failed"
 
 @dataclass(frozen=True)
 class Recoverable:
-    """What the sweep needs to call a function or task again: its kind and name."""
+    """What the sweep needs to call a function or task again: its kind and name, and how its
+    arguments name the key (to check, before calling, that they still name the kept one)."""
 
     kind: str
     target: str
+    scope_of: Callable[[list[Any], dict[str, Any], str | None], Scope] = field(compare=False)
 
     def keep(self, scope: Scope, arguments: bytes) -> bool:
         """Before the claim: keep this call's arguments under its scope where none are kept yet
@@ -76,7 +79,19 @@ class Recoverable:
         kept_calls().filter(namespace=scope.namespace, owner=scope.owner, key=scope.key).delete()
 
 
-def recoverable(kind: str, target: str, *, mode: str | None, qualname: str) -> Recoverable:
+# Every recover=True function and task of this process, by target: the sweep checks with it
+# that the arguments it kept still name the call's key.
+DECLARED: dict[str, Recoverable] = {}
+
+
+def recoverable(
+    kind: str,
+    target: str,
+    scope_of: Callable[[list[Any], dict[str, Any], str | None], Scope],
+    *,
+    mode: str | None,
+    qualname: str,
+) -> Recoverable:
     """The recovery of a function or task declared with ``recover=True``; refused where a
     sweep could not call it again, or where nothing would be left to recover."""
     if "<locals>" in qualname:
@@ -89,7 +104,9 @@ def recoverable(kind: str, target: str, *, mode: str | None, qualname: str) -> R
             f"recover=True on {qualname} in atomic mode: a crash rolls the whole call back, so "
             "nothing is left to recover. Leave mode unset (recover=True runs in lease mode)."
         )
-    return Recoverable(kind, target)
+    recovery = Recoverable(kind, target, scope_of)
+    DECLARED[target] = recovery
+    return recovery
 
 
 def check_store() -> None:
@@ -112,12 +129,17 @@ def encoded(args: Any, kwargs: Any, task_id: str | None = None) -> bytes:
     if task_id is not None:
         values["task_id"] = task_id
     try:
-        return json.dumps(values).encode()
+        dumped = json.dumps(values, allow_nan=False)
+        if json.loads(dumped) != values:
+            # A tuple would come back a list, an int key a string: the sweep's call would not
+            # be this one (its key or payload may differ), and would run as a new operation.
+            raise ValueError("they would not come back the same from JSON")
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"recover=True keeps a call's arguments as JSON, for the sweep to call it again, and "
-            f"these are not: {exc}. Pass ids and plain values."
+            f"these are not: {exc}. Pass ids and plain values (lists, not tuples)."
         ) from exc
+    return dumped.encode()
 
 
 def kept_calls() -> QuerySet[RecoverableOperation]:

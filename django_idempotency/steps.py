@@ -61,6 +61,7 @@ def step(
         return serializer.loads(stored)  # type: ignore[no-any-return]
     attempt.ensure_lease()
     if at_most_once:
+        _refuse_in_transaction(attempt, name)
         attempt.save_step(name, STARTED)
     with _in_step(name):
         result = func(*args, **kwargs)
@@ -89,6 +90,7 @@ async def astep(
         return serializer.loads(stored)  # type: ignore[no-any-return]
     await attempt.aensure_lease()
     if at_most_once:
+        await sync_to_async(_refuse_in_transaction)(attempt, name)
         await sync_to_async(attempt.save_step)(name, STARTED)
     with _in_step(name):
         result = await func(*args, **kwargs)
@@ -110,6 +112,19 @@ def _stored(attempt: Attempt, name: str) -> bytes | None:
             "mark it done or not done (django_idempotency.steps.resolve_step, or the admin).",
         )
     return stored
+
+
+def _refuse_in_transaction(attempt: Attempt, name: str) -> None:
+    """Refuse an at-most-once step inside a transaction of the caller's (its own
+    `transaction.atomic()`, ATOMIC_REQUESTS): its mark that it started would roll back with that
+    transaction, and the retry would run it again."""
+    if attempt.store.claims_privately():
+        raise ImproperlyConfigured(
+            f"step({name!r}, at_most_once=True) runs inside a database transaction, which would "
+            "take the mark that it started with it if it rolled back: the retry would run it "
+            "again. Run it outside transaction.atomic() (and ATOMIC_REQUESTS: decorate the view "
+            "with transaction.non_atomic_requests)."
+        )
 
 
 def _operation(name: str) -> Attempt | None:
@@ -188,7 +203,13 @@ def resolve_step(
         if lease_end is not None and lease_end > store.now():
             raise KeyInProgress("An attempt holds the key: resolve its step once it has ended.")
         if happened:
-            sealed = seal_step(json.dumps(result).encode(), conf.ENCRYPTION_KEYS)
+            encoded = json.dumps(result, allow_nan=False)
+            if json.loads(encoded) != result:
+                raise TypeError(
+                    f"result={result!r} would come back changed from JSON (a tuple as a list, "
+                    "keys as strings): give the value as JSON reads it."
+                )
+            sealed = seal_step(encoded.encode(), conf.ENCRYPTION_KEYS)
             steps[step] = base64.b64encode(sealed).decode()
         else:
             del steps[step]

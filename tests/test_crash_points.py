@@ -131,3 +131,24 @@ def test_a_process_armed_through_its_environment_is_killed_there_holding_its_cla
     assert child.returncode == -9, child.stderr.decode()
     status = lookup("crash-key", namespace="tests.lease_holder.hold_the_key")
     assert status.state in (KeyState.IN_PROGRESS, KeyState.ABANDONED)
+
+
+@pytest.mark.parametrize(
+    "point", ["claimed:charge", "completing:x", "outbox.sent:x", "step.ran:", "step.ran:a@2"]
+)
+def test_a_point_that_would_never_fire_is_refused(point: str) -> None:
+    with pytest.raises(ValueError), crash_at(point):
+        pass
+    if "@" not in point:  # In the environment, "@2" is the arrival: step.ran:a@2 is valid.
+        with pytest.raises(ValueError):
+            crash_environment(point)
+
+
+def test_a_block_inside_another_at_the_same_point_leaves_the_outer_one_armed(
+    client: Client,
+) -> None:
+    with crash_at("completed"):
+        with crash_at("completed", action=lambda: None):
+            post(client, "/pay/", key="inner")
+        with pytest.raises(CrashPoint):
+            post(client, "/pay/", key="outer")

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -350,6 +351,8 @@ def test_the_purge_deletes_sent_messages_older_than_the_ttl_only(
     ("call", "error"),
     [
         (lambda: enqueue_task("tests.tasks.nothing", args=(object(),)), TypeError),
+        (lambda: enqueue_task("tests.tasks.nothing", args=(float("nan"),)), TypeError),
+        (lambda: enqueue_task("tests.\x00tasks"), TypeError),
         (lambda: enqueue_task(object()), TypeError),
         (lambda: enqueue_task("tests.tasks.nothing", options={"task_id": "x"}), ValueError),
         (lambda: enqueue_request("POST", "http://x/", aggregate="a" * 256), ValueError),
@@ -423,3 +426,82 @@ def test_a_relay_whose_message_was_taken_over_while_it_sent_counts_it_lost(
     assert (report.sent, report.lost) == (0, 1)
     message.refresh_from_db()
     assert (message.state, message.claim_token) == (State.PENDING, "another-relay")
+
+
+def test_keys_and_aggregates_that_differ_only_by_case_are_two(
+    downstream: Downstream, url: Callable[[str], str]
+) -> None:
+    """On MariaDB too, whose default collation would take "Refund-1" for "refund-1"."""
+    path = downstream.script("orders", 400)
+    first = enqueue_request("POST", url(path), key="Refund-1", aggregate="Customer-A")
+    second = enqueue_request("POST", url(path), key="refund-1", aggregate="customer-a")
+
+    assert first.pk != second.pk
+    report = relay()  # The first is dead at once; it holds back "Customer-A", not "customer-a".
+    assert (report.dead, report.sent) == (1, 1)
+    assert downstream.keys("orders") == ["Refund-1", "refund-1"]
+
+
+@pytest.mark.parametrize("status", [408, 421, 423, 425])
+def test_an_answer_that_says_not_now_is_retried_not_taken_for_a_delivery(
+    downstream: Downstream, url: Callable[[str], str], status: int
+) -> None:
+    path = downstream.script("orders", status)
+    message = enqueue_request("POST", url(path))
+
+    assert relay().retried == 1
+    assert relay().sent == 1
+    message.refresh_from_db()
+    assert (message.state, message.attempts) == (State.SENT, 2)
+
+
+def test_a_relay_inside_a_transaction_is_refused_before_it_sends(
+    downstream: Downstream, url: Callable[[str], str]
+) -> None:
+    path = downstream.script("orders")
+    with pytest.raises(ImproperlyConfigured), transaction.atomic():
+        enqueue_request("POST", url(path))
+        relay()  # The message is not committed yet: it might still roll back.
+    assert downstream.keys("orders") == []
+
+
+@pytest.mark.parametrize(
+    "request_args",
+    [
+        {"url": "http://[::1/x"},
+        {"url": "http://host:99999/x"},
+        {"url": "http://host:\uff18\uff10/x"},  # Fullwidth digits.
+        {"url": "ftp://host/x"},
+        {"url": "host/x"},
+        {"url": "http://host/a b"},
+        {"url": "http://host/\x00"},
+        {"method": "GE T"},
+        {"headers": {"Bad Name": "x"}},
+        {"headers": {"X-Name": "Café"}},
+        {"headers": {"X-Name": "a\r\nInjected: 1"}},
+        {"headers": {"X-Name": "a\x00"}},
+        {"json_body": {"amount": float("nan")}},
+    ],
+)
+def test_a_request_that_could_never_be_sent_is_refused_when_written(
+    request_args: dict[str, Any],
+) -> None:
+    arguments = {"method": "POST", "url": "http://host.example/x", **request_args}
+    method, target = arguments.pop("method"), arguments.pop("url")
+    with pytest.raises((ValueError, TypeError)):
+        enqueue_request(method, target, **arguments)
+    assert not OutboxMessage.objects.exists()
+
+
+def test_a_body_over_the_size_cap_is_refused_when_written(settings: Any) -> None:
+    settings.IDEMPOTENCY_MAX_STORED_BYTES = 1000
+    with pytest.raises(ValueError, match="IDEMPOTENCY_MAX_STORED_BYTES"):
+        enqueue_request("POST", "http://host.example/x", content=b"x" * 1001)
+    assert enqueue_request("POST", "http://host.example/x", content=b"x" * 1000).pk
+
+
+@pytest.mark.parametrize("lease", [timedelta(0), timedelta(seconds=-5)])
+def test_a_relay_without_a_lease_is_refused(lease: timedelta) -> None:
+    """Two live relays could then both send one message."""
+    with pytest.raises(ValueError):
+        Relay(lease=lease)

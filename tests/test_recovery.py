@@ -3,10 +3,11 @@ sweep, resumes after its stored steps, and is given up (failed) after the sweep'
 
 from __future__ import annotations
 
+import contextvars
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from io import StringIO
 from typing import Any
 
@@ -16,6 +17,7 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.test import override_settings
+from django.utils import timezone
 
 from django_idempotency import KeyState, idempotent_function, lookup
 from django_idempotency.contrib.celery import idempotent_task
@@ -32,7 +34,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 NAMESPACE = "tests.test_recovery.fulfil"
 NO_BACKOFF = RetryPolicy(max_attempts=2, base_delay=0, max_delay=0, deadline=float("inf"))
-FAILS: list[bool] = []  # Each call of `fulfil` pops one: True raises after its first step.
+FAILS: list[bool] = []
+
+
+def long_ago() -> datetime:
+    """A moment long past, aware or naive as USE_TZ has it."""
+    return timezone.now() - timedelta(days=1)
+
+
+# Each call of `fulfil` pops one: True raises after its first step.
 
 
 def charge(order: int, amount: int) -> int:
@@ -125,9 +135,9 @@ def test_a_call_given_back_or_completed_by_its_caller_is_cleared() -> None:
         kind="function",
         target="tests.test_recovery:fulfil",
         arguments=b"P{}",
-        next_attempt_at="2000-01-01T00:00:00Z",
-        created_at="2000-01-01T00:00:00Z",
-        updated_at="2000-01-01T00:00:00Z",
+        next_attempt_at=long_ago(),
+        created_at=long_ago(),
+        updated_at=long_ago(),
     )
 
     assert recover_operations().cleared == 1
@@ -147,7 +157,7 @@ def test_the_arguments_are_kept_encrypted_when_encryption_is_on() -> None:
 def test_a_crash_right_after_the_claim_is_recovered_too() -> None:
     with crash_at("claimed"), pytest.raises(CrashPoint):
         fulfil(8, 10)
-    IdempotencyRecord.objects.update(lease_expires_at="2000-01-01T00:00:00Z")
+    IdempotencyRecord.objects.update(lease_expires_at=long_ago())
 
     recover_operations()
 
@@ -205,3 +215,76 @@ def test_what_cannot_be_recovered_is_refused_before_it_runs() -> None:
     with using_store("memory"), pytest.raises(ImproperlyConfigured, match="database store"):
         fulfil(11, 1)
     assert not Charge.objects.exists()
+
+
+def test_arguments_that_would_come_back_changed_are_refused_before_it_runs() -> None:
+    """A tuple kept as JSON comes back a list: the sweep's call would name another key."""
+    with pytest.raises(TypeError, match="JSON"):
+        fulfil_by_callable_key((7, 8), 100)
+    assert not Charge.objects.exists() and kept() == []
+
+
+TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="")
+
+
+@idempotent_function(
+    key=lambda order, amount: f"order-{order}",
+    owner=lambda order, amount: TENANT.get(),
+    recover=True,
+    lease=timedelta(seconds=1),
+)
+def fulfil_by_callable_key(order: Any, amount: int) -> int:
+    charged = step("charge", charge, 0, amount)
+    if FAILS and FAILS.pop(0):
+        raise ConnectionError("the warehouse did not answer")
+    return charged
+
+
+def test_a_call_whose_arguments_no_longer_name_its_key_is_failed_not_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An owner read from the context (not the arguments) is not there in the sweep: called
+    again, it would run as another operation. It is given up instead, and said why."""
+    FAILS[:] = [True]
+    TENANT.set("acme")
+    try:
+        with pytest.raises(ConnectionError):
+            fulfil_by_callable_key(12, 300)
+    finally:
+        TENANT.set("")
+
+    report = recover_operations()
+
+    assert (report.recovered, report.failed) == (0, 1)
+    assert Charge.objects.count() == 1
+    (row,) = RecoverableOperation.objects.all()
+    assert (row.state, row.owner) == ("failed", "acme")
+    assert "another key or owner" in row.last_error
+    assert "order-12" not in caplog.text  # Logs name a key by its hash only.
+
+
+def test_keys_that_differ_only_by_case_are_two_calls() -> None:
+    """On MariaDB too: "Order-A" completing must not forget "order-a"'s kept call."""
+    FAILS[:] = [True]
+    with pytest.raises(ConnectionError):
+        fulfil_named("Order-A")
+    fulfil_named("order-a")
+
+    assert recover_operations().recovered == 1
+    assert lookup("Order-A", namespace="tests.test_recovery.fulfil_named").state is (
+        KeyState.COMPLETED
+    )
+
+
+@idempotent_function(key="name", recover=True, lease=timedelta(seconds=1))
+def fulfil_named(name: str) -> int:
+    charged = step("charge", charge, 0, 1)
+    if FAILS and FAILS.pop(0):
+        raise ConnectionError("the warehouse did not answer")
+    return charged
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5])
+def test_a_sweep_of_no_calls_is_refused(batch_size: Any) -> None:
+    with pytest.raises(ValueError):
+        recover_operations(batch_size=batch_size)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.test import Client
 from django.urls import path
@@ -112,3 +116,24 @@ def test_a_function_raises_step_ambiguous_to_its_caller() -> None:
 
     assert raised.value.step == "ship"
     assert Charge.objects.count() == 1
+
+
+@idempotent_function(key="parcel", mode="lease")
+def ship_in_a_transaction(parcel: str) -> int:
+    with transaction.atomic():
+        return step("ship", ship, parcel, at_most_once=True)
+
+
+def test_an_at_most_once_step_inside_a_transaction_is_refused_before_it_runs() -> None:
+    """Its mark that it started would roll back with the transaction: the retry would run it."""
+    with pytest.raises(ImproperlyConfigured, match="transaction"):
+        ship_in_a_transaction("parcel-3")
+    assert not Charge.objects.exists()
+
+
+@pytest.mark.parametrize("result", [(1, 2), {1: "x"}, float("nan")])
+def test_a_result_that_would_come_back_changed_is_refused(client: Client, result: Any) -> None:
+    interrupt(client)
+    with pytest.raises((TypeError, ValueError)):
+        resolve_step("key-1", namespace=NAMESPACE, step="ship", happened=True, result=result)
+    assert post(client, "/ship/").status_code == 500  # Still unresolved.

@@ -11,6 +11,10 @@ from django_idempotency.outbound.keys import KEY_HEADER
 from django_idempotency.outbound.outcomes import NOT_DONE_STATUSES, is_decision
 from django_idempotency.outbound.policy import RetryPolicy
 
+# Answers that say the request was not handled, this time: a timeout waiting for it (408), the
+# wrong server (421), a locked resource (423), too early (425), too many requests (429), a
+# service unavailable for now (503). The same message is sent again later.
+NOT_YET = frozenset({408, 421, 423, 425, 429, 503})
 # Redirects that say the request was not handled here (303, "see other", says it was).
 MOVED = frozenset({300, 301, 302, 305, 307, 308})
 
@@ -77,9 +81,11 @@ class RequestSender:
             # Not followed: a request re-sent elsewhere is the destination's to decide on.
             where = response.headers.get("Location", "")[:100]
             return Delivery(Verdict.DEAD, f"answered {status}: moved to {where}")
+        if status in NOT_YET:
+            return Delivery(Verdict.RETRY, f"answered {status}")
         if is_decision(status):
             return Delivery(Verdict.SENT)
-        if status in NOT_DONE_STATUSES and status not in (429, 503):
+        if status in NOT_DONE_STATUSES:
             return Delivery(Verdict.DEAD, f"answered {status}")
         return Delivery(Verdict.RETRY, f"answered {status}")
 

@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, router, transaction
 from ulid import ULID
 
 from django_idempotency.attempts import current_attempt
+from django_idempotency.conf import conf
 from django_idempotency.core.keys import MAX_KEY_LENGTH, mint_key
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbound.keys import operation_parts
 from django_idempotency.steps import current_step_name
 from django_idempotency.stores.database import clock_for, records_alias
 
+# RFC 9110's token (a method, a header's name) and a field value this outbox sends as given:
+# printable ASCII and tabs, no line breaks or NUL (which httpx or the database would refuse).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
+_URL_CHARACTERS = re.compile(r"[\x21-\x7e]+")
 # Sending options the relay sets itself: the task's id is the message's key.
 _RESERVED_OPTIONS = frozenset({"task_id", "args", "kwargs"})
 
@@ -47,7 +55,7 @@ def enqueue_task(
     for `aggregate` and `key`.
     """
     name = task if isinstance(task, str) else getattr(task, "name", None)
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name or not name.isprintable():
         raise TypeError(f"enqueue_task() takes a Celery task or its name, not {task!r}.")
     reserved = _RESERVED_OPTIONS.intersection(options or {})
     if reserved:
@@ -94,21 +102,35 @@ def enqueue_request(
     and how many messages to this destination the step wrote before, so that a resumed run of
     the operation writing its messages again finds them written; elsewhere a new ULID.
     """
-    if not isinstance(method, str) or not method.strip() or not method.isascii():
+    if not isinstance(method, str) or not _TOKEN.fullmatch(method):
         raise ValueError(f"enqueue_request() needs an HTTP method, not {method!r}.")
+    _check_url(url)
     if json_body is not None and content is not None:
         raise ValueError("enqueue_request() takes json_body= or content=, not both.")
-    pairs = [
-        [str(n), str(v)]
-        for n, v in (headers.items() if isinstance(headers, Mapping) else headers or ())
-    ]
+    given = headers.items() if isinstance(headers, Mapping) else headers or ()
+    pairs = [[str(name), str(value)] for name, value in given]
+    for name, value in pairs:
+        if not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
+            raise ValueError(
+                f"The header {name!r}: {value!r} cannot be sent: a name is a token (letters, "
+                "digits, !#$%&'*+-.^_`|~), a value printable ASCII without line breaks."
+            )
     body: bytes | None = None
     if json_body is not None:
-        body = json.dumps(json_body, separators=(",", ":")).encode()
+        try:
+            body = json.dumps(json_body, separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"json_body cannot be sent as JSON: {exc}") from exc
         if not any(n.lower() == "content-type" for n, _ in pairs):
             pairs.append(["Content-Type", "application/json"])
     elif content is not None:
         body = content.encode() if isinstance(content, str) else bytes(content)
+    limit = conf.MAX_STORED_BYTES
+    if body is not None and limit is not None and len(body) > limit:
+        raise ValueError(
+            f"A request body of {len(body)} bytes is over IDEMPOTENCY_MAX_STORED_BYTES ({limit}), "
+            "the most the outbox keeps: send a reference to it instead."
+        )
     return _write(
         OutboxMessage.Kind.REQUEST,
         destination=url,
@@ -195,9 +217,27 @@ def _derived_key(kind: str, destination: str, alias: str) -> tuple[str, str]:
     return key, attempt.operation_id or ""
 
 
+def _check_url(url: Any) -> None:
+    """Refuse, when it is written, a URL the relay could never send to."""
+    problem = ""
+    if not isinstance(url, str) or not _URL_CHARACTERS.fullmatch(url):
+        problem = "it is not printable ASCII without spaces (quote what needs quoting)"
+    else:
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises for a port out of range or not a number.
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                problem = "it is not an http or https URL with a host"
+    if problem:
+        raise ValueError(f"enqueue_request() cannot send to {url!r}: {problem}.")
+
+
 def _require_json(payload: dict[str, Any], name: str) -> None:
     try:
-        json.dumps(payload)
+        json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"The arguments of {name} are stored as JSON, and these are not: {exc}. Pass ids "

@@ -29,11 +29,14 @@ def crash_at(
     a server, worker or relay the test starts, armed with `crash_environment`. A callable runs
     in the point's place (to stall there, or act as another process would at that moment).
     """
+    outer = crashes.armed(point)  # A block around this one, armed at the same point.
     crashes.arm(point, crashes.ACTIONS[action] if isinstance(action, str) else action, on=on)
     try:
         yield
     finally:
         crashes.disarm(point)
+        if outer is not None:
+            crashes.rearm(point, outer)
 
 
 def crash_environment(*points: str, action: Action = "kill") -> dict[str, str]:

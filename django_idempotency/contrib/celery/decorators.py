@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from celery import current_task, shared_task  # type: ignore[import-untyped]
 
 from django_idempotency.conf import Mode, OnConflict, conf
+from django_idempotency.core.outcomes import Scope
 from django_idempotency.exceptions import KeyInProgress
 from django_idempotency.functions import (
     ArgumentPicker,
@@ -51,20 +53,21 @@ def idempotent_task(
     without it completing. Other keyword arguments are the task's own options.
     """
     bind = bool(task_options.get("bind", False))
+    # Checked now, where the decorator is declared, not at the first run.
+    declared = RunOptions(
+        ttl=ttl, mode=mode, on_conflict=on_conflict, serializer=serializer, lease=lease
+    )
 
     def decorate(func: Callable[..., Any]) -> Any:
         name = task_options.get("name") or f"{func.__module__}.{func.__name__}"
         keys_namespace = namespace_of(namespace, name, "@idempotent_task")
-        recovery = recoverable(TASK, name, mode=mode, qualname=name) if recover else None
-        options = RunOptions(
-            ttl=ttl,
-            mode=mode,
-            on_conflict=on_conflict,
-            serializer=serializer,
-            lease=lease,
-            recover=recovery,
-        )
         arguments = CallArguments(func, key=key, owner=owner, payload=payload, skip_first=bind)
+
+        def scope_of(args: list[Any], kwargs: dict[str, Any], task_id: str | None) -> Scope:
+            return arguments.call(keys_namespace, name, "TASK", args, kwargs, task_id).scope
+
+        recovery = recoverable(TASK, name, scope_of, mode=mode, qualname=name) if recover else None
+        options = replace(declared, recover=recovery)
         result_format = lazy_serializer(func, serializer)
 
         @functools.wraps(func)
