@@ -17,8 +17,7 @@ from django_idempotency.core.outcomes import Scope, Status, StoredResponse, is_n
 from django_idempotency.encryption import unseal
 from django_idempotency.exceptions import KeyInProgress, ResultNotStored
 from django_idempotency.http.responses import BODY_NOT_STORED
-from django_idempotency.recoverable import check_store
-from django_idempotency.recovery import is_failed
+from django_idempotency.recoverable import check_store, is_failed
 from django_idempotency.results import JSONSerializer, ResultSerializer
 from django_idempotency.stores import get_store
 

@@ -142,6 +142,12 @@ def encoded(args: Any, kwargs: Any, task_id: str | None = None) -> bytes:
     return dumped.encode()
 
 
+def is_failed(scope: Scope) -> bool:
+    """Whether the call with this scope was given up by the sweep."""
+    scoped = kept_calls().filter(namespace=scope.namespace, owner=scope.owner, key=scope.key)
+    return bool(scoped.filter(state=FAILED).exists())
+
+
 def kept_calls() -> QuerySet[RecoverableOperation]:
     """The calls kept, on the records' database (IDEMPOTENCY_DATABASE, or the router's)."""
     from django_idempotency.models import RecoverableOperation

@@ -129,12 +129,6 @@ def retry_failed(ids: list[int]) -> int:
     )
 
 
-def is_failed(scope: Scope) -> bool:
-    """Whether the call with this scope was given up by the sweep."""
-    scoped = kept_calls().filter(namespace=scope.namespace, owner=scope.owner, key=scope.key)
-    return bool(scoped.filter(state=FAILED).exists())
-
-
 def _callable(row: RecoverableOperation, app: Any) -> Any:
     """The task (from `app`, Celery's current app by default) or the function to call again;
     finding it declares it (imports its module) if this process had not yet."""
