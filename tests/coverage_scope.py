@@ -26,6 +26,7 @@ DATABASE_TESTS = frozenset(
         "tests/test_guard.py",
         "tests/test_leases.py",
         "tests/test_migrations.py",
+        "tests/test_outbox.py",
         "tests/test_pgbouncer.py",
         "tests/test_purge.py",
         "tests/test_purge_resumes.py",

@@ -274,3 +274,11 @@ def test_deliveries_are_counted_by_kind_and_outcome(
     assert sample(DELIVERY_SECONDS, kind="request") - timed == 3
     # Every series is there before its first event: an alert on dead tasks sees it rise.
     assert REGISTRY.get_sample_value(DELIVERIES, {"kind": "task", "outcome": "dead"}) is not None
+
+
+def test_the_detail_page_of_a_task_shows_its_arguments_and_no_body(viewer: Client) -> None:
+    message = enqueue_task("billing.tasks.refund", args=(7,), kwargs={"reason": "late"})
+
+    page = viewer.get(detail_url(message)).content.decode()
+
+    assert "billing.tasks.refund" in page and "late" in page

@@ -313,3 +313,17 @@ def test_the_detail_page_names_the_interrupted_step(client: Client, resolver: Cl
     assert '<div class="readonly">ship</div>' in shown
     assert "Interrupted steps" not in resolved
     assert 'name="_save"' not in shown
+
+
+def test_arguments_sealed_with_a_key_no_longer_configured_say_so() -> None:
+    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[Fernet.generate_key().decode()]):
+        call = kept("k-2")
+    # The key was retired since: the arguments cannot be opened, and the page says why.
+    with override_settings(IDEMPOTENCY_ENCRYPTION_KEYS=[Fernet.generate_key().decode()]):
+        page = staff_client("view_recoverableoperation", "view_decrypted_response").get(
+            detail(call)
+        )
+
+    assert page.status_code == 200
+    assert "4242-secret" not in page.content.decode()
+    assert "cannot be decrypted" in page.content.decode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
@@ -14,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from django_idempotency import idempotent, idempotent_function
 from django_idempotency.exceptions import KeyInProgress, StepAmbiguous
-from django_idempotency.steps import resolve_step, step
+from django_idempotency.steps import astep, resolve_step, step
 from django_idempotency.testing import CrashPoint, crash_at
 from tests.models import Charge
 from tests.utils import post
@@ -137,3 +138,21 @@ def test_a_result_that_would_come_back_changed_is_refused(client: Client, result
     with pytest.raises((TypeError, ValueError)):
         resolve_step("key-1", namespace=NAMESPACE, step="ship", happened=True, result=result)
     assert post(client, "/ship/").status_code == 500  # Still unresolved.
+
+
+@idempotent_function(key="parcel", mode="lease")
+async def ship_later(parcel: str) -> int:
+    async def hand_over(parcel: str) -> int:
+        return await sync_to_async(ship)(parcel)
+
+    return await astep("ship", hand_over, parcel, at_most_once=True)
+
+
+def test_an_interrupted_async_step_is_not_run_again() -> None:
+    with crash_at("step.ran:ship"), pytest.raises(CrashPoint):
+        async_to_sync(ship_later)("parcel-4")
+
+    with pytest.raises(StepAmbiguous):
+        async_to_sync(ship_later)("parcel-4")
+
+    assert Charge.objects.count() == 1
