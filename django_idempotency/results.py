@@ -67,11 +67,36 @@ class JSONSerializer:
 
 def serializer_for(func: Callable[..., Any]) -> JSONSerializer:
     """The default serializer: JSON, rebuilding the return annotation's dataclass or model."""
+    code = getattr(func, "__code__", None)
+    if code is None or getattr(func, "__annotations__", None) is None:
+        return _serializer_for(func)
+    # Resolving annotations compiles them (a step's function, on every step it runs): once per
+    # function's code and annotations, which a lambda made per request shares with the last.
+    return _cached_serializer(code, func.__module__, func, repr(func.__annotations__))
+
+
+def _serializer_for(func: Callable[..., Any]) -> JSONSerializer:
     try:
         returns = typing.get_type_hints(func).get("return")
     except Exception:  # An annotation that cannot be resolved here: plain JSON it is.
         returns = None
     return JSONSerializer(returns if _is_buildable(returns) else None)
+
+
+_serializers: dict[tuple[Any, str, str], JSONSerializer] = {}
+MAX_CACHED_SERIALIZERS = 1024  # Past this, serializers are resolved on each call.
+
+
+def _cached_serializer(
+    code: Any, module: str, func: Callable[..., Any], annotations: str
+) -> JSONSerializer:
+    key = (code, module, annotations)
+    serializer = _serializers.get(key)
+    if serializer is None:
+        serializer = _serializer_for(func)
+        if len(_serializers) < MAX_CACHED_SERIALIZERS:
+            _serializers[key] = serializer
+    return serializer
 
 
 def _is_buildable(value: Any) -> bool:
