@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import typing
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -67,15 +69,20 @@ class JSONSerializer:
 
 def serializer_for(func: Callable[..., Any]) -> JSONSerializer:
     """The default serializer: JSON, rebuilding the return annotation's dataclass or model."""
-    code = getattr(func, "__code__", None)
-    if code is None or getattr(func, "__annotations__", None) is None:
-        return _serializer_for(func)
-    # Resolving annotations compiles them (a step's function, on every step it runs): once per
-    # function's code and annotations, which a lambda made per request shares with the last.
-    return _cached_serializer(code, func.__module__, func, repr(func.__annotations__))
+    # Resolving annotations compiles them, for a step's function on every step it runs: once
+    # per function (a method's, for a bound method made anew on each access).
+    function = getattr(func, "__func__", func)
+    try:
+        return _serializers[function]
+    except (KeyError, TypeError):  # Not resolved yet, or an object no weak reference can hold.
+        pass
+    serializer = _resolved(func)
+    with contextlib.suppress(TypeError):
+        _serializers[function] = serializer
+    return serializer
 
 
-def _serializer_for(func: Callable[..., Any]) -> JSONSerializer:
+def _resolved(func: Callable[..., Any]) -> JSONSerializer:
     try:
         returns = typing.get_type_hints(func).get("return")
     except Exception:  # An annotation that cannot be resolved here: plain JSON it is.
@@ -83,20 +90,9 @@ def _serializer_for(func: Callable[..., Any]) -> JSONSerializer:
     return JSONSerializer(returns if _is_buildable(returns) else None)
 
 
-_serializers: dict[tuple[Any, str, str], JSONSerializer] = {}
-MAX_CACHED_SERIALIZERS = 1024  # Past this, serializers are resolved on each call.
-
-
-def _cached_serializer(
-    code: Any, module: str, func: Callable[..., Any], annotations: str
-) -> JSONSerializer:
-    key = (code, module, annotations)
-    serializer = _serializers.get(key)
-    if serializer is None:
-        serializer = _serializer_for(func)
-        if len(_serializers) < MAX_CACHED_SERIALIZERS:
-            _serializers[key] = serializer
-    return serializer
+# By the function itself, not its code: a module executed again (a reload, a sample run twice)
+# defines other classes under the same annotations.
+_serializers: weakref.WeakKeyDictionary[Any, JSONSerializer] = weakref.WeakKeyDictionary()
 
 
 def _is_buildable(value: Any) -> bool:

@@ -75,3 +75,28 @@ def test_a_result_other_than_the_serializers_type_replays_as_it_was() -> None:
     assert invoice("free-1") is None
     assert invoice("paid-1") == invoice("paid-1") == Invoice("paid-1", 30)
     assert calls == ["free-1", "paid-1"]
+
+
+def test_a_function_defined_again_from_the_same_source_gets_its_own_classes() -> None:
+    """A module executed again (a reload) defines a new dataclass under the same annotation:
+    the serializer of the new function rebuilds the new class, not the first one's."""
+    from django_idempotency.results import serializer_for
+
+    source = (
+        "from __future__ import annotations\n"
+        "import dataclasses\n"
+        "@dataclasses.dataclass\n"
+        "class Receipt:\n"
+        "    amount: int\n"
+        "def pay() -> Receipt:\n"
+        "    return Receipt(5)\n"
+    )
+    first: dict[str, Any] = {"__name__": __name__}
+    again: dict[str, Any] = {"__name__": __name__}
+    exec(compile(source, "reloaded.py", "exec"), first)
+    serializer_for(first["pay"])
+    exec(compile(source, "reloaded.py", "exec"), again)
+
+    rebuilt = serializer_for(again["pay"]).loads(b'{"amount": 5}')
+
+    assert type(rebuilt) is again["Receipt"]
