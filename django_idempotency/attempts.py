@@ -137,7 +137,8 @@ class Attempt:
         self.identity_shared = False
         # Outbox messages this attempt wrote, by step and destination: the n-th of each gets the
         # same derived key on every run of the operation, so a resumed run's is the same message.
-        self.outbox_written: collections.Counter[tuple[str, str]] = collections.Counter()
+        # None until its first message: an attempt that writes none allocates nothing.
+        self.outbox_written: collections.Counter[tuple[str, str]] | None = None
         # The request's forms sent with its key, judged (`forms.IdempotentFormMixin`): invalid
         # ones only, and its answer (a form shown again, with the same key) is not stored.
         self.invalid_forms = 0

@@ -4,22 +4,16 @@ from django.apps.registry import Apps
 from django.db import migrations, models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
+from django_idempotency.migrations import _collation
+
 # On MariaDB, keys and aggregates compare byte for byte, as the records' (see 0003): "Refund-1" and
 # "refund-1" are two.
 BINARY = {"key": 255, "aggregate": 255}
 
 
 def binary_columns(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    if schema_editor.connection.vendor != "mysql":
-        return
     table = apps.get_model("django_idempotency", "OutboxMessage")._meta.db_table
-    quote = schema_editor.quote_name
-    changes = ", ".join(
-        f"MODIFY {quote(column)} varchar({length}) CHARACTER SET utf8mb4"
-        f" COLLATE utf8mb4_nopad_bin NOT NULL"
-        for column, length in BINARY.items()
-    )
-    schema_editor.execute(f"ALTER TABLE {quote(table)} {changes}")
+    _collation.binary_columns(schema_editor, table, BINARY)
 
 
 class Migration(migrations.Migration):

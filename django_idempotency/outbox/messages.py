@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -211,9 +212,12 @@ def _derived_key(kind: str, destination: str, alias: str) -> tuple[str, str]:
         attempt.identity_shared = True
     step = current_step_name() or ""
     name = (step, f"{kind}:{destination}")
-    attempt.outbox_written[name] += 1
+    written = attempt.outbox_written
+    if written is None:
+        written = attempt.outbox_written = collections.Counter()
+    written[name] += 1
     parts = operation_parts(attempt.scope, attempt.operation_id)
-    key = mint_key(*parts, "outbox", f"step:{step}", *name[1:], attempt.outbox_written[name])
+    key = mint_key(*parts, "outbox", f"step:{step}", *name[1:], written[name])
     return key, attempt.operation_id or ""
 
 
