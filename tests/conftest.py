@@ -13,6 +13,8 @@ from django.db import connection, connections
 from django.test import override_settings
 
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.stores import get_store
+from django_idempotency.stores.redis import RedisStore
 from tests.flushes import postgresql_flushes_by_delete, snapshots_restored_after_flush
 from tests.stores import STORE_MODES, STORE_PARAMS, using_store
 from tests.utils import ViewKind, lose_database
@@ -346,3 +348,11 @@ def store_mode(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     store, mode = request.param
     with using_store(store), override_settings(IDEMPOTENCY_MODE=mode):
         yield store, mode
+
+
+@pytest.fixture
+def redis_store() -> Iterator[RedisStore]:
+    with using_store("redis"):
+        store = get_store()
+        assert isinstance(store, RedisStore)
+        yield store

@@ -53,14 +53,6 @@ READ_WITHIN = 50
 
 
 @pytest.fixture
-def redis_store() -> Iterator[RedisStore]:
-    with using_store("redis"):
-        store = get_store()
-        assert isinstance(store, RedisStore)
-        yield store
-
-
-@pytest.fixture
 def redis_down() -> Iterator[None]:
     with override_settings(**redis_settings(DEAD)):
         yield

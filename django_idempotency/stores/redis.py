@@ -24,6 +24,7 @@ from django_idempotency.core.outcomes import (
     Scope,
     StoredResponse,
 )
+from django_idempotency.stores import redis_wire
 from django_idempotency.stores.base import (
     ALL_AT_DEFAULTS,
     BaseStore,
@@ -78,6 +79,19 @@ redis.call('PEXPIRE', KEYS[1], ARGV[11])
 
 _READ_RECORD = f"local found = redis.call('HMGET', KEYS[1], {', '.join(repr(f) for f in _READ)})\n"
 
+# A record read back is answered as one string, each field as its length, ':' and its bytes, or
+# '-' when the record has none (`_fields` reads it): one reply to parse, not thirteen, which
+# halves a replay's cost on the client.
+_PACKED = f"""local function packed(found)
+  local out = {{}}
+  for i = 1, {len(_READ)} do
+    local value = found[i]
+    if value then out[i] = #value .. ':' .. value else out[i] = '-' end
+  end
+  return table.concat(out)
+end
+"""
+
 
 def _found(field: str) -> str:
     """The Lua expression of a field `_READ_RECORD` read, false when the record has none."""
@@ -86,15 +100,18 @@ def _found(field: str) -> str:
 
 # The claim: the record holding the key, or nil once this request has claimed it.
 CLAIM = (
-    _READ_RECORD
-    + f"if {_found('status')} then return found end\n"
+    _PACKED
+    + _READ_RECORD
+    + f"if {_found('status')} then return packed(found) end\n"
     + "local operation = ARGV[12]\n"
     + _WRITE_CLAIM
     + "return false\n"
 )
 
 # The record holding the key as it stands, or nil (`read`).
-READ = _READ_RECORD + f"if {_found('status')} then return found end\nreturn false\n"
+READ = (
+    _PACKED + _READ_RECORD + f"if {_found('status')} then return packed(found) end\nreturn false\n"
+)
 
 # The key whose slot's primary tells the time on a Redis Cluster (nothing is stored under it).
 CLOCK_KEY = "django_idempotency:clock"
@@ -114,7 +131,8 @@ RESUMED = b"resumed"
 # to the new claim, decided here on the record as it is now: any other take-over is a new
 # operation (ARGV[12]), even of an attempt read in progress that completed since.
 TAKE_OVER = (
-    _READ_RECORD
+    _PACKED
+    + _READ_RECORD
     + f"""local carried, operation, resumed = {{}}, ARGV[12], false
 if {_found("status")} then
   local now, abandoned = tonumber(ARGV[9]), false
@@ -123,7 +141,7 @@ if {_found("status")} then
   else
     abandoned = tonumber({_found("expires_at")}) <= now
   end
-  if {_found("lease_token")} ~= ARGV[13] or not abandoned then return found end
+  if {_found("lease_token")} ~= ARGV[13] or not abandoned then return packed(found) end
   if {_found("status")} == 'in_progress' and {_found("fingerprint")} == ARGV[4]
       and {_found("method")} == ARGV[5] and {_found("path")} == ARGV[6] then
     resumed, operation = true, {_found("operation")} or ''
@@ -415,7 +433,10 @@ class RedisStore(BaseStore):
         try:
             connection = self._checked_connection()
             try:
-                return connection.evalsha(sha, 1, key, *args)
+                found = redis_wire.call(connection, sha, key, args)
+                if found is redis_wire.SLOW:
+                    found = connection.evalsha(sha, 1, key, *args)
+                return found
             except NoScriptError:  # A new Redis, or one restarted: it has no script yet.
                 connection.script_load(source)
                 return connection.evalsha(sha, 1, key, *args)
@@ -554,9 +575,25 @@ def _seconds(duration: timedelta) -> str:
     return f"{duration.total_seconds():g}"
 
 
-def _record(found: list[bytes | None], *, like: datetime) -> Record:
-    """A record the claim script read back; its times of the same kind as `like`."""
-    fields = dict(zip(_READ, found, strict=True))
+def _fields(packed: bytes) -> list[bytes | None]:
+    """The fields of a record as `_PACKED` answers them, in `_READ`'s order."""
+    fields: list[bytes | None] = []
+    at = 0
+    for _ in _READ:
+        if packed[at : at + 1] == b"-":
+            fields.append(None)
+            at += 1
+            continue
+        colon = packed.index(b":", at)
+        end = colon + 1 + int(packed[at:colon])
+        fields.append(packed[colon + 1 : end])
+        at = end
+    return fields
+
+
+def _record(found: bytes, *, like: datetime) -> Record:
+    """A record a script read back (`_PACKED`); its times of the same kind as `like`."""
+    fields = dict(zip(_READ, _fields(found), strict=True))
     expires_at = _datetime(fields["expires_at"], like)
     assert expires_at is not None
     response = None

@@ -1,0 +1,126 @@
+"""Script calls sent packed on a pooled connection: redis-py's bytes, answers and errors."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import redis
+from django.test import Client
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from django_idempotency.core.outcomes import Scope, StoredResponse
+from django_idempotency.http.responses import REPLAYED_HEADER
+from django_idempotency.stores.redis import _PACKED, RedisStore, _fields
+from django_idempotency.stores.redis_wire import SLOW, call, pack
+from tests.stores import REDIS_URL
+from tests.utils import post
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+NO_RETRY = Retry(NoBackoff(), 0)
+ARGS: list[Any] = ["namespace", "", "clé", b"\x00\xff:-\r\n", 0, -7, 2**70]
+
+
+def test_a_call_is_packed_as_redis_py_packs_it() -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    connection = client.connection_pool.make_connection()
+    packed = b"".join(connection.pack_command("EVALSHA", "f" * 40, 1, "key", *ARGS))
+
+    assert pack("f" * 40, "key", ARGS) == packed
+
+
+@pytest.mark.parametrize("refused", [True, 1.5, None, ["a"]])
+def test_an_argument_redis_py_would_not_send_as_is_is_refused(refused: Any) -> None:
+    with pytest.raises(TypeError, match="text, bytes or an int"):
+        pack("f" * 40, "key", [refused])
+
+
+@pytest.mark.single_node_redis
+def test_the_answer_and_the_errors_are_redis_py_s() -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    sha = client.script_load("return {ARGV[1], tonumber(ARGV[2]) + 1, false, ARGV[3]}")
+
+    assert call(client, sha, "key", ["a", 41, b"\x00"]) == [b"a", 42, None, b"\x00"]
+    assert call(client, sha, "key", ["a", 41, b"\x00"]) == client.evalsha(
+        sha, 1, "key", "a", 41, b"\x00"
+    )
+    with pytest.raises(redis.exceptions.NoScriptError):
+        call(client, "0" * 40, "key", [])
+    # A script error leaves the connection clean for the next call.
+    failing = client.script_load("return redis.call('NOSUCHCOMMAND')")
+    with pytest.raises(redis.exceptions.ResponseError):
+        call(client, failing, "key", [])
+    assert call(client, sha, "key", ["b", 1, b""]) == [b"b", 2, None, b""]
+
+
+@pytest.mark.single_node_redis
+def test_clients_redis_py_must_serve_are_left_to_it() -> None:
+    sha = redis.Redis.from_url(REDIS_URL).script_load("return 1")
+
+    assert call(redis.Redis.from_url(REDIS_URL, decode_responses=True), sha, "k", []) is SLOW
+    pinned = redis.Redis.from_url(REDIS_URL, single_connection_client=True)
+    assert call(pinned, sha, "k", []) is SLOW
+
+    class OwnClient(redis.Redis):  # type: ignore[type-arg]
+        pass
+
+    assert call(OwnClient.from_url(REDIS_URL), sha, "k", []) is SLOW
+
+
+@pytest.mark.single_node_redis
+def test_a_connection_the_server_closed_is_replaced_before_the_call() -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    sha = client.script_load("return 1")
+    assert call(client, sha, "k", []) == 1
+    client.client_kill_filter(_type="normal", skipme=False)  # Every connection, ours too.
+
+    assert call(client, sha, "k", []) == 1
+
+
+def test_a_call_that_fails_is_left_to_redis_py_whose_retries_decide() -> None:
+    silent = socket.socket()  # Accepts a connection and never answers.
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    port = silent.getsockname()[1]
+    try:
+        unanswered = redis.Redis(port=port, socket_timeout=0.2, protocol=2, retry=NO_RETRY)
+        assert call(unanswered, "f" * 40, "k", []) is SLOW
+    finally:
+        silent.close()
+    nobody = redis.Redis(port=port, socket_connect_timeout=0.2, retry=NO_RETRY)
+    assert call(nobody, "f" * 40, "k", []) is SLOW
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [b"completed", b"", None, b"0:-", b"-", b"12:x", *[None] * 7],
+        [None] * 13,
+        [b"\x00" * 300, *[b":"] * 12],
+    ],
+)
+def test_a_record_read_back_is_one_reply_whose_fields_come_out_whole(
+    redis_store: RedisStore, fields: list[bytes | None]
+) -> None:
+    connection = redis_store.connection()
+    # A field the record lacks is false in the script, as HMGET answers it.
+    script = "local found = {}\nfor i = 1, 13 do found[i] = ARGV[i] ~= '<none>' and ARGV[i] end\n"
+    sha = connection.script_load(_PACKED + script + "return packed(found)")
+    args = [b"<none>" if value is None else value for value in fields]
+    assert _fields(connection.evalsha(sha, 1, "k", *args)) == fields
+
+
+def test_a_replay_is_the_stored_response_through_the_packed_reply(redis_store: RedisStore) -> None:
+    client = Client()
+    first = post(client, "/function/charges/", {"amount": 5, "note": "a:b-c"})
+    again = post(client, "/function/charges/", {"amount": 5, "note": "a:b-c"})
+
+    assert again.status_code == first.status_code
+    assert again.content == first.content
+    assert again[REPLAYED_HEADER] == "true"
+    record = redis_store.read(Scope("default", "", "key-1"))
+    assert record is not None and record.status == "completed"
+    assert isinstance(record.response, StoredResponse) and record.response.body == first.content
