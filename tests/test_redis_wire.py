@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -80,18 +83,42 @@ def test_a_connection_the_server_closed_is_replaced_before_the_call() -> None:
     assert call(client, sha, "k", []) == 1
 
 
-def test_a_call_that_fails_is_left_to_redis_py_whose_retries_decide() -> None:
-    silent = socket.socket()  # Accepts a connection and never answers.
-    silent.bind(("127.0.0.1", 0))
-    silent.listen()
-    port = silent.getsockname()[1]
-    try:
-        unanswered = redis.Redis(port=port, socket_timeout=0.2, protocol=2, retry=NO_RETRY)
-        assert call(unanswered, "f" * 40, "k", []) is SLOW
-    finally:
-        silent.close()
-    nobody = redis.Redis(port=port, socket_connect_timeout=0.2, retry=NO_RETRY)
-    assert call(nobody, "f" * 40, "k", []) is SLOW
+@pytest.fixture
+def stalling_redis() -> Iterator[int]:
+    """The port of a server that answers a connection's set-up (+OK to each command) and never
+    answers a script call."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                peer, _ = listener.accept()
+                while data := peer.recv(65536):
+                    if b"EVALSHA" not in data:
+                        peer.sendall(b"+OK\r\n" * data.count(b"*"))
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1]
+    listener.close()
+
+
+def test_a_call_whose_reply_failed_is_left_to_redis_py_s_retries(stalling_redis: int) -> None:
+    retrying = redis.Redis(
+        port=stalling_redis, socket_timeout=0.2, protocol=2, retry=Retry(NoBackoff(), 1)
+    )
+    assert call(retrying, "f" * 40, "k", []) is SLOW  # redis-py's call then tries again.
+
+    once = redis.Redis(port=stalling_redis, socket_timeout=0.2, protocol=2, retry=NO_RETRY)
+    with pytest.raises(redis.exceptions.TimeoutError):
+        call(once, "f" * 40, "k", [])  # As redis-py's call raises it, without a retry.
+
+
+def test_a_connection_that_cannot_be_had_fails_as_in_redis_py() -> None:
+    nobody = redis.Redis(port=9, socket_connect_timeout=0.2, retry=NO_RETRY)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        call(nobody, "f" * 40, "k", [])
 
 
 @pytest.mark.parametrize(
@@ -124,3 +151,18 @@ def test_a_replay_is_the_stored_response_through_the_packed_reply(redis_store: R
     record = redis_store.read(Scope("default", "", "key-1"))
     assert record is not None and record.status == "completed"
     assert isinstance(record.response, StoredResponse) and record.response.body == first.content
+
+
+@pytest.mark.single_node_redis
+def test_a_redis_that_lost_its_scripts_is_given_them_again(redis_store: RedisStore) -> None:
+    client = Client()
+    first = post(client, "/function/charges/", key="before")
+    redis_store.connection().script_flush()  # As a restarted Redis has none.
+
+    second = post(client, "/function/charges/", key="after")
+    redis_store.connection().script_flush()
+    again = post(client, "/function/charges/", key="after")
+
+    assert (first.status_code, second.status_code, again.status_code) == (201, 201, 201)
+    assert again[REPLAYED_HEADER] == "true"
+    assert again.content == second.content

@@ -38,23 +38,24 @@ def pack(sha: str, key: str, args: Sequence[str | int | bytes]) -> bytes:
 def call(client: Any, sha: str, key: str, args: Sequence[str | int | bytes]) -> Any:
     """The script's answer, or `SLOW` when this client is one to call through redis-py: a
     Redis Cluster, a client pinned to one connection, a pool of another kind, a client
-    decoding replies or caching them on the client side, or a connection that failed
-    (redis-py's retries then decide, as they would have)."""
+    decoding replies or caching them on the client side, or a call whose connection failed on
+    a client that retries (redis-py's retries then decide, as they would have)."""
     from redis.exceptions import ConnectionError, TimeoutError
 
     pool = _pool_of(client)
     if pool is None:
         return SLOW
     packed = pack(sha, key, args)
-    try:
-        connection = pool.get_connection()
-    except (ConnectionError, TimeoutError):
-        return SLOW  # Redis-py's call tries again as its client is configured to.
+    # A connection that cannot be had fails here as it fails redis-py's call (which does not
+    # retry that either; the connection's own connect did, as configured).
+    connection = pool.get_connection()
     try:
         connection.send_packed_command([packed])
         return connection.read_response()
     except (ConnectionError, TimeoutError):
-        # The connection is closed already; redis-py's own call reconnects and retries as its
+        if connection.retry.get_retries() == 0:
+            raise  # As redis-py's call raises it, on a client told not to retry.
+        # The connection is closed already; redis-py's own call reconnects and retries as the
         # client is configured to (the script may then run twice: the same as its retry).
         return SLOW
     finally:
