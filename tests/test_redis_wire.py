@@ -60,6 +60,18 @@ def test_the_answer_and_the_errors_are_redis_py_s() -> None:
 
 
 @pytest.mark.single_node_redis
+def test_each_client_calls_on_a_connection_of_its_own_pool() -> None:
+    # As under gevent, where the heartbeat's native thread has a client and pool of its own.
+    shared, own = redis.Redis.from_url(REDIS_URL), redis.Redis.from_url(REDIS_URL)
+    sha = shared.script_load("return 1")
+    assert call(shared, sha, "k", []) == 1
+
+    assert call(own, sha, "k", []) == 1
+    assert len(own.connection_pool._available_connections) == 1
+    assert len(shared.connection_pool._available_connections) == 1
+
+
+@pytest.mark.single_node_redis
 def test_clients_redis_py_must_serve_are_left_to_it() -> None:
     sha = redis.Redis.from_url(REDIS_URL).script_load("return 1")
 

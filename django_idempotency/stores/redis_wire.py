@@ -15,8 +15,9 @@ from typing import Any
 
 SLOW = object()  # What `call` answers when the client must be called the ordinary way.
 
-# Per client, its pool or None: decided once (a client's pool and options do not change).
-_POOLS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# Per client (by id, with a reference to tell a reused id), its pool or None: decided once (a
+# client's pool and options do not change).
+_POOLS: dict[int, tuple[weakref.ref[Any], Any]] = {}
 _FITS: dict[type, bool] = {}  # Per pool class: whether get_connection() needs no command name.
 
 
@@ -64,11 +65,14 @@ def call(client: Any, sha: str, key: str, args: Sequence[str | int | bytes]) -> 
 
 def _pool_of(client: Any) -> Any:
     """The client's connection pool, when a call may go around redis-py's command layer."""
-    try:
-        return _POOLS[client]
-    except KeyError:
-        pool = _POOLS[client] = _fitting_pool(client)
-        return pool
+    kept = _POOLS.get(id(client))
+    if kept is not None and kept[0]() is client:
+        return kept[1]
+    pool = _fitting_pool(client)
+    # By identity: the native thread's client under gevent has a pool of its own that may
+    # compare equal to the shared one. An entry outlives its client only until its id is reused.
+    _POOLS[id(client)] = (weakref.ref(client), pool)
+    return pool
 
 
 def _fitting_pool(client: Any) -> Any:
