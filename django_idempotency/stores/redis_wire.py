@@ -31,7 +31,8 @@ def pack(sha: str, key: str, args: Sequence[str | int | bytes]) -> bytes:
         elif type(arg) is int:  # Not a bool: redis-py refuses those.
             arg = b"%d" % arg
         elif type(arg) is not bytes:
-            raise TypeError(f"A script argument is text, bytes or an int, not {arg!r}")
+            # Its type only: an argument may be a client's key or a stored body.
+            raise TypeError(f"A script argument is text, bytes or an int, not {type(arg).__name__}")
         bulks.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
     return b"*%d\r\n$7\r\nEVALSHA\r\n%b" % (len(bulks) + 1, b"".join(bulks))
 
