@@ -320,9 +320,11 @@ class RefusesTheResponse(DatabaseStore):
     """The database store, refusing a response with an error it could not foresee (a value its
     driver rejects); a record that the work ran, it takes."""
 
+    why = "invalid byte sequence for encoding UTF8"
+
     def complete(self, claim: Claim, response: StoredResponse, now: datetime) -> bool:
         if not is_not_stored(response):
-            raise DataError("invalid byte sequence for encoding UTF8")
+            raise DataError(self.why)
         return super().complete(claim, response, now)
 
 
@@ -347,6 +349,7 @@ def test_a_response_refused_with_an_unforeseen_error_is_kept_as_not_stored_and_n
 
     assert first.status_code == 201  # The work ran: the client gets its answer.
     problem = assert_problem(retry, 410, "response-not-stored")
+    assert "completed with status 201" in problem["detail"]
     assert "could not be stored" in problem["detail"]
     assert Charge.objects.count() == 1
     [warning] = [r.getMessage() for r in caplog.records if r.name == "django_idempotency"]
@@ -354,6 +357,19 @@ def test_a_response_refused_with_an_unforeseen_error_is_kept_as_not_stored_and_n
         "The result could not be stored (invalid byte sequence for encoding UTF8); a record"
         " that it ran was kept instead"
     )
+
+
+@override_settings(
+    IDEMPOTENCY_STORE="tests.test_attempts.RefusesTheResponse", IDEMPOTENCY_MODE="lease"
+)
+def test_the_record_of_a_refused_response_keeps_the_first_200_characters_of_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(RefusesTheResponse, "why", "0123456789" * 30)
+    post(Client(), URL, key="refused-3")
+
+    [(name, why)] = IdempotencyRecord.objects.get().response_headers
+    assert why == ("0123456789" * 30)[:200]
 
 
 @pytest.mark.parametrize(
