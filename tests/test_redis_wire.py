@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import enum
+import gc
 import socket
 import threading
+import weakref
 from collections.abc import Iterator
+from http import HTTPStatus
 from typing import Any
 
 import pytest
 import redis
-from django.test import Client
+from django.http import HttpRequest, HttpResponse
+from django.test import Client, override_settings
+from django.urls import path
+from django.utils.safestring import mark_safe
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from django_idempotency import idempotent
 from django_idempotency.core.outcomes import Scope, StoredResponse
 from django_idempotency.http.responses import REPLAYED_HEADER
 from django_idempotency.stores.redis import _PACKED, RedisStore, _fields
@@ -24,6 +32,12 @@ from tests.utils import post
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 NO_RETRY = Retry(NoBackoff(), 0)
+
+
+class Namespace(enum.StrEnum):
+    SHOP = "shop"
+
+
 ARGS: list[Any] = ["namespace", "", "clé", b"\x00\xff:-\r\n", 0, -7, 2**70]
 
 
@@ -35,9 +49,17 @@ def test_a_call_is_packed_as_redis_py_packs_it() -> None:
     assert pack("f" * 40, "key", ARGS) == packed
 
 
+def test_subclasses_of_text_and_numbers_are_packed_as_redis_py_packs_them() -> None:
+    subclassed: list[Any] = [Namespace.SHOP, mark_safe("Made"), HTTPStatus.CREATED]
+    connection = redis.Redis.from_url(REDIS_URL).connection_pool.make_connection()
+    packed = b"".join(connection.pack_command("EVALSHA", "f" * 40, 1, "key", "shop", "Made", 201))
+
+    assert pack("f" * 40, "key", subclassed) == packed
+
+
 @pytest.mark.parametrize("refused", [True, 1.5, None, ["secret-key"]])
-def test_an_argument_redis_py_would_not_send_as_is_is_refused_unshown(refused: Any) -> None:
-    with pytest.raises(TypeError, match="text, bytes or an int") as refusal:
+def test_an_argument_redis_py_would_not_send_is_its_data_error_unshown(refused: Any) -> None:
+    with pytest.raises(redis.exceptions.DataError, match="text, bytes or an int") as refusal:
         pack("f" * 40, "key", [refused])
     assert "secret" not in str(refusal.value)
 
@@ -128,6 +150,28 @@ def test_a_call_whose_reply_failed_is_left_to_redis_py_s_retries(stalling_redis:
         call(once, "f" * 40, "k", [])  # As redis-py's call raises it, without a retry.
 
 
+def test_a_failure_the_client_does_not_retry_is_raised_as_redis_py_raises_it(
+    stalling_redis: int,
+) -> None:
+    only_lost_connections = Retry(NoBackoff(), 2, supported_errors=(redis.ConnectionError,))
+    client = redis.Redis(
+        port=stalling_redis, socket_timeout=0.2, protocol=2, retry=only_lost_connections
+    )
+    with pytest.raises(redis.exceptions.TimeoutError):
+        call(client, "f" * 40, "k", [])  # Not sent again: redis-py would not retry a timeout.
+
+
+def test_a_dropped_client_s_pool_is_not_kept_alive() -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    sha = client.script_load("return 1")
+    assert call(client, sha, "k", []) == 1
+    pool = weakref.ref(client.connection_pool)
+
+    del client
+    gc.collect()
+    assert pool() is None
+
+
 def test_a_connection_that_cannot_be_had_fails_as_in_redis_py() -> None:
     nobody = redis.Redis(port=9, socket_connect_timeout=0.2, retry=NO_RETRY)
     with pytest.raises(redis.exceptions.ConnectionError):
@@ -179,3 +223,33 @@ def test_a_redis_that_lost_its_scripts_is_given_them_again(redis_store: RedisSto
     assert (first.status_code, second.status_code, again.status_code) == (201, 201, 201)
     assert again[REPLAYED_HEADER] == "true"
     assert again.content == second.content
+
+
+RUNS: list[int] = []
+
+
+@idempotent(namespace=Namespace.SHOP)
+def enum_view(request: HttpRequest) -> HttpResponse:
+    """A view whose namespace, status and reason are subclasses of str and int."""
+    RUNS.append(1)
+    response = HttpResponse(b"made", reason=mark_safe("Made"))
+    response.status_code = HTTPStatus.CREATED
+    return response
+
+
+class URLs:
+    urlpatterns = [path("made/", enum_view)]
+
+
+def test_a_view_whose_values_subclass_str_and_int_runs_once_and_is_replayed_as_it_was(
+    redis_store: RedisStore,
+) -> None:
+    RUNS.clear()
+    with override_settings(ROOT_URLCONF=URLs):
+        first = post(Client(), "/made/", key="made")
+        again = post(Client(), "/made/", key="made")
+
+    assert (first.status_code, first.reason_phrase, first.content) == (201, "Made", b"made")
+    assert (again.status_code, again.reason_phrase, again.content) == (201, "Made", b"made")
+    assert again[REPLAYED_HEADER] == "true"
+    assert RUNS == [1]

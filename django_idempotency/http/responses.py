@@ -46,7 +46,7 @@ def capture(response: HttpResponseBase) -> StoredResponse | None:
     ]
     reason = response.reason_phrase
     return StoredResponse(
-        status=response.status_code,
+        status=int(response.status_code),  # A view may set an `HTTPStatus`: stored as its number.
         headers=headers,
         body=response.content,
         reason="" if reason == responses.get(response.status_code) else reason,

@@ -15,24 +15,29 @@ from typing import Any
 
 SLOW = object()  # What `call` answers when the client must be called the ordinary way.
 
-# Per client (by id, with a reference to tell a reused id), its pool or None: decided once (a
-# client's pool and options do not change).
-_POOLS: dict[int, tuple[weakref.ref[Any], Any]] = {}
+# Per live client (by id, with a reference to tell a reused id): whether its calls may go around
+# redis-py's command layer, decided once (a client's pool and options do not change).
+_FITTING: dict[int, tuple[weakref.ref[Any], bool]] = {}
 _FITS: dict[type, bool] = {}  # Per pool class: whether get_connection() needs no command name.
 
 
 def pack(sha: str, key: str, args: Sequence[str | int | bytes]) -> bytes:
-    """`EVALSHA sha 1 key *args` in the Redis protocol (RESP), as redis-py would pack it:
-    text in UTF-8, integers in decimal."""
+    """`EVALSHA sha 1 key *args` in the Redis protocol (RESP), as redis-py would pack it: text
+    (a `str` subclass too: a `StrEnum` namespace, a `SafeString` reason) in UTF-8, integers (an
+    `IntEnum` too) in decimal. Anything else is redis-py's `DataError`, as its encoder raises."""
     bulks = []
     for arg in (sha, "1", key, *args):
-        if type(arg) is str:
-            arg = arg.encode()
-        elif type(arg) is int:  # Not a bool: redis-py refuses those.
+        if isinstance(arg, bytes):
+            pass
+        elif isinstance(arg, str):
+            arg = str.encode(arg)
+        elif isinstance(arg, int) and not isinstance(arg, bool):  # redis-py refuses a bool.
             arg = b"%d" % arg
-        elif type(arg) is not bytes:
+        else:
+            from redis.exceptions import DataError
+
             # Its type only: an argument may be a client's key or a stored body.
-            raise TypeError(f"A script argument is text, bytes or an int, not {type(arg).__name__}")
+            raise DataError(f"A script argument is text, bytes or an int, not {type(arg).__name__}")
         bulks.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
     return b"*%d\r\n$7\r\nEVALSHA\r\n%b" % (len(bulks) + 1, b"".join(bulks))
 
@@ -54,9 +59,9 @@ def call(client: Any, sha: str, key: str, args: Sequence[str | int | bytes]) -> 
     try:
         connection.send_packed_command([packed])
         return connection.read_response()
-    except (ConnectionError, TimeoutError):
-        if connection.retry.get_retries() == 0:
-            raise  # As redis-py's call raises it, on a client told not to retry.
+    except (ConnectionError, TimeoutError) as failure:
+        if not _retried(connection.retry, failure):
+            raise  # As redis-py's call raises it, on a client not told to retry this error.
         # The connection is closed already; redis-py's own call reconnects and retries as the
         # client is configured to (the script may then run twice: the same as its retry).
         return SLOW
@@ -66,31 +71,48 @@ def call(client: Any, sha: str, key: str, args: Sequence[str | int | bytes]) -> 
 
 def _pool_of(client: Any) -> Any:
     """The client's connection pool, when a call may go around redis-py's command layer."""
-    kept = _POOLS.get(id(client))
-    if kept is not None and kept[0]() is client:
-        return kept[1]
-    pool = _fitting_pool(client)
-    # By identity: the native thread's client under gevent has a pool of its own that may
-    # compare equal to the shared one. An entry outlives its client only until its id is reused.
-    _POOLS[id(client)] = (weakref.ref(client), pool)
-    return pool
+    kept = _FITTING.get(id(client))
+    if kept is None or kept[0]() is not client:
+        kept = _FITTING[id(client)] = (_forgotten_with(client), _fits(client))
+    return client.connection_pool if kept[1] else None
 
 
-def _fitting_pool(client: Any) -> Any:
-    """The pool of a plain `redis.Redis` client over a pool whose connections read replies
-    undecoded and uncached; None for any other."""
+def _forgotten_with(client: Any) -> weakref.ref[Any]:
+    """A reference to `client` whose end drops its entry (unless its id already serves another
+    client): a dropped client's pool and connections are not kept alive here."""
+    key = id(client)
+
+    def forget(reference: weakref.ref[Any]) -> None:
+        kept = _FITTING.get(key)
+        if kept is not None and kept[0] is reference:
+            del _FITTING[key]
+
+    return weakref.ref(client, forget)
+
+
+def _retried(retry: Any, failure: Exception) -> bool:
+    """Whether redis-py's call retries this failure, as the connection's `Retry` says."""
+    supported = getattr(retry, "_supported_errors", ())
+    return retry.get_retries() != 0 and isinstance(failure, supported)
+
+
+def _fits(client: Any) -> bool:
+    """Whether `client` is a plain `redis.Redis` over a pool whose connections read replies
+    undecoded and uncached, handing them out without a command name."""
     from redis import Redis
 
     if type(client) is not Redis or client.connection is not None:
-        return None  # A cluster, a subclass with its own ways, or a single-connection client.
+        return False  # A cluster, a subclass with its own ways, or a single-connection client.
     pool = client.connection_pool
     kind = type(pool)
     fits = _FITS.get(kind)
     if fits is None:
         fits = _FITS[kind] = _takes_no_arguments(pool.get_connection)
-    if not fits or pool.connection_kwargs.get("decode_responses") or getattr(pool, "cache", None):
-        return None
-    return pool
+    return (
+        fits
+        and not pool.connection_kwargs.get("decode_responses")
+        and not getattr(pool, "cache", None)
+    )
 
 
 def _takes_no_arguments(method: Any) -> bool:
