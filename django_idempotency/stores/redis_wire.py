@@ -27,7 +27,12 @@ def pack(sha: str, key: str, args: Sequence[str | int | bytes]) -> bytes:
     `IntEnum` too) in decimal. Anything else is redis-py's `DataError`, as its encoder raises."""
     bulks = []
     for arg in (sha, "1", key, *args):
-        if isinstance(arg, bytes):
+        # The exact types first: nearly every argument is one.
+        if type(arg) is str:
+            arg = arg.encode()
+        elif type(arg) is int:
+            arg = b"%d" % arg
+        elif isinstance(arg, bytes):
             pass
         elif isinstance(arg, str):
             arg = str.encode(arg)
