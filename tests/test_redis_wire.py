@@ -49,15 +49,18 @@ def test_a_call_is_packed_as_redis_py_packs_it() -> None:
     assert pack("f" * 40, "key", ARGS) == packed
 
 
-def test_subclasses_of_text_and_numbers_are_packed_as_redis_py_packs_them() -> None:
+def test_subclasses_floats_and_views_are_packed_as_redis_py_packs_them() -> None:
     subclassed: list[Any] = [Namespace.SHOP, mark_safe("Made"), HTTPStatus.CREATED]
+    others: list[Any] = [1.5, -0.0, memoryview(b"\x00view")]
     connection = redis.Redis.from_url(REDIS_URL).connection_pool.make_connection()
-    packed = b"".join(connection.pack_command("EVALSHA", "f" * 40, 1, "key", "shop", "Made", 201))
+    packed = b"".join(
+        connection.pack_command("EVALSHA", "f" * 40, 1, "key", "shop", "Made", 201, *others)
+    )
 
-    assert pack("f" * 40, "key", subclassed) == packed
+    assert pack("f" * 40, "key", [*subclassed, *others]) == packed
 
 
-@pytest.mark.parametrize("refused", [True, 1.5, None, ["secret-key"]])
+@pytest.mark.parametrize("refused", [True, None, ["secret-key"], {"secret": 1}])
 def test_an_argument_redis_py_would_not_send_is_its_data_error_unshown(refused: Any) -> None:
     with pytest.raises(redis.exceptions.DataError, match="text, bytes or an int") as refusal:
         pack("f" * 40, "key", [refused])

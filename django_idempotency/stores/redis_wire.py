@@ -22,9 +22,10 @@ _FITS: dict[type, bool] = {}  # Per pool class: whether get_connection() needs n
 
 
 def pack(sha: str, key: str, args: Sequence[str | int | bytes]) -> bytes:
-    """`EVALSHA sha 1 key *args` in the Redis protocol (RESP), as redis-py would pack it: text
-    (a `str` subclass too: a `StrEnum` namespace, a `SafeString` reason) in UTF-8, integers (an
-    `IntEnum` too) in decimal. Anything else is redis-py's `DataError`, as its encoder raises."""
+    """`EVALSHA sha 1 key *args` in the Redis protocol (RESP), as redis-py's encoder packs it:
+    bytes as they are, text (a `str` subclass too: a `StrEnum` namespace, a `SafeString` reason)
+    in UTF-8, integers (an `IntEnum` too) in decimal, floats as their `repr`. Anything else is
+    redis-py's `DataError`, as its encoder raises."""
     bulks = []
     for arg in (sha, "1", key, *args):
         # The exact types first: nearly every argument is one.
@@ -34,10 +35,14 @@ def pack(sha: str, key: str, args: Sequence[str | int | bytes]) -> bytes:
             arg = b"%d" % arg
         elif isinstance(arg, bytes):
             pass
+        elif isinstance(arg, memoryview):
+            arg = arg.tobytes()
         elif isinstance(arg, str):
             arg = str.encode(arg)
         elif isinstance(arg, int) and not isinstance(arg, bool):  # redis-py refuses a bool.
             arg = b"%d" % arg
+        elif isinstance(arg, float):
+            arg = repr(arg).encode()
         else:
             from redis.exceptions import DataError
 
