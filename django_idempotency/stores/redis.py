@@ -77,8 +77,6 @@ redis.call('HSET', KEYS[1], 'namespace', ARGV[1], 'owner', ARGV[2], 'key', ARGV[
 redis.call('PEXPIRE', KEYS[1], ARGV[11])
 """
 
-_READ_RECORD = f"local found = redis.call('HMGET', KEYS[1], {', '.join(repr(f) for f in _READ)})\n"
-
 # A record read back is answered as one string, each field as its length, ':' and its bytes, or
 # '-' when the record has none (`_fields` reads it): one reply to parse, not thirteen, which
 # halves a replay's cost on the client.
@@ -92,6 +90,11 @@ _PACKED = f"""local function packed(found)
 end
 """
 
+# Reads the record (`found`); every script that does answers it `packed`.
+_READ_RECORD = (
+    _PACKED + f"local found = redis.call('HMGET', KEYS[1], {', '.join(repr(f) for f in _READ)})\n"
+)
+
 
 def _found(field: str) -> str:
     """The Lua expression of a field `_READ_RECORD` read, false when the record has none."""
@@ -100,8 +103,7 @@ def _found(field: str) -> str:
 
 # The claim: the record holding the key, or nil once this request has claimed it.
 CLAIM = (
-    _PACKED
-    + _READ_RECORD
+    _READ_RECORD
     + f"if {_found('status')} then return packed(found) end\n"
     + "local operation = ARGV[12]\n"
     + _WRITE_CLAIM
@@ -109,9 +111,7 @@ CLAIM = (
 )
 
 # The record holding the key as it stands, or nil (`read`).
-READ = (
-    _PACKED + _READ_RECORD + f"if {_found('status')} then return packed(found) end\nreturn false\n"
-)
+READ = _READ_RECORD + f"if {_found('status')} then return packed(found) end\nreturn false\n"
 
 # The key whose slot's primary tells the time on a Redis Cluster (nothing is stored under it).
 CLOCK_KEY = "django_idempotency:clock"
@@ -131,8 +131,7 @@ RESUMED = b"resumed"
 # to the new claim, decided here on the record as it is now: any other take-over is a new
 # operation (ARGV[12]), even of an attempt read in progress that completed since.
 TAKE_OVER = (
-    _PACKED
-    + _READ_RECORD
+    _READ_RECORD
     + f"""local carried, operation, resumed = {{}}, ARGV[12], false
 if {_found("status")} then
   local now, abandoned = tonumber(ARGV[9]), false

@@ -18,7 +18,6 @@ SLOW = object()  # What `call` answers when the client must be called the ordina
 # Per live client (by id, with a reference to tell a reused id): whether its calls may go around
 # redis-py's command layer, decided once (a client's pool and options do not change).
 _FITTING: dict[int, tuple[weakref.ref[Any], bool]] = {}
-_FITS: dict[type, bool] = {}  # Per pool class: whether get_connection() needs no command name.
 
 
 def pack(sha: str, key: str, args: Sequence[str | int | bytes]) -> bytes:
@@ -114,12 +113,8 @@ def _fits(client: Any) -> bool:
     if type(client) is not Redis or client.connection is not None:
         return False  # A cluster, a subclass with its own ways, or a single-connection client.
     pool = client.connection_pool
-    kind = type(pool)
-    fits = _FITS.get(kind)
-    if fits is None:
-        fits = _FITS[kind] = _takes_no_arguments(pool.get_connection)
     return (
-        fits
+        _takes_no_arguments(pool.get_connection)
         and not pool.connection_kwargs.get("decode_responses")
         and not getattr(pool, "cache", None)
     )
